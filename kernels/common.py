@@ -1,0 +1,59 @@
+"""Shared Triton helpers. Each has an exact integer fallback for the interpreter, picked at
+compile time through the INTERP constexpr (the interpreter runs neither inline PTX nor
+libdevice rounding)."""
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+# fp32(1/127): the reciprocal that compilers substitute for a division by 127 (SPEC §3).
+RCP127 = 0.007874015718698502
+# 1.5 * 2**23: adding and subtracting it rounds half to even for |x| < 2**22.
+RNE_MAGIC = 12582912.0
+
+
+@triton.jit
+def rne(x):
+    return (x + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def dp4a(a, b, acc, INTERP: tl.constexpr):
+    """acc + sum of the four signed byte products of int32 words a and b."""
+    if INTERP:
+        r = acc
+        for i in tl.static_range(4):
+            ai = (a << (24 - 8 * i)) >> 24
+            bi = (b << (24 - 8 * i)) >> 24
+            r = r + ai * bi
+        return r
+    else:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc],
+            dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def expand_signed(v, INTERP: tl.constexpr):
+    """A code byte v (int32 holding 0..255, four 2-bit codes) to an int32 word of four signed
+    bytes code-1, by a byte-permute lookup: LUT bytes FF 00 01 00 indexed by each code."""
+    sel = (v & 3) | ((v << 2) & 0x30) | ((v << 4) & 0x300) | ((v << 6) & 0x3000)
+    if INTERP:
+        r = tl.zeros_like(v)
+        for s in tl.static_range(4):
+            c = ((v >> (2 * s)) & 3) - 1
+            r = r | ((c & 0xFF) << (8 * s))
+        return r
+    else:
+        return tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, 0, $2;", "=r,r,r", [tl.full(sel.shape, 0x000100FF, tl.int32), sel],
+            dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def scale_accumulate(acc, dot, xs, ws):
+    """The one FP32 expression every integer path uses to fold a group into its sum: keeping
+    it in one place is what lets mmq and mmq_planes be bit-identical."""
+    return acc + dot.to(tl.float32) * xs * ws

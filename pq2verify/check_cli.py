@@ -1,0 +1,105 @@
+"""pq2verify check: reference self-checks, then every registry path's numerics checks, as a
+verdict table; non-zero exit on any failure, each with a one-line reproduction command."""
+import json
+import sys
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+
+def register(sub):
+    ap = sub.add_parser("check", help="numerics checks of every kernel path against FP64 references")
+    ap.add_argument("--kernels", default=None, help="kernel set to check: legacy, exact or tuned (default: all paths)")
+    ap.add_argument("--paths", default=None, help="comma-separated path names (default: all)")
+    ap.add_argument("--shapes", default="auto", choices=("auto", "small", "bonsai27b"),
+                    help="auto: bonsai27b on a GPU, small on the interpreter")
+    ap.add_argument("--m", default=None, help="comma-separated M values (default: the shape set's)")
+    ap.add_argument("--dtype", default=None, help="bf16, fp16 or both (default)")
+    ap.add_argument("--layout", default=None, help="raw, prepared or dense (default: each path's)")
+    ap.add_argument("--case", action="append", default=[], help="run exactly this case id (repeatable)")
+    ap.add_argument("--reruns", type=int, default=5, help="determinism reruns per case (default 5)")
+    ap.add_argument("--json", default=None, help="write all results (with provenance) to this file")
+    ap.add_argument("--derive-exact", action="store_true",
+                    help="test each tuned path's bit-identity to its legacy counterpart and record which hold")
+    ap.add_argument("--skip-selfcheck", action="store_true", help="skip the reference self-checks")
+    ap.set_defaults(func=run)
+
+
+def _csv(s):
+    return None if s is None else [v.strip() for v in s.split(",") if v.strip()]
+
+
+def _fmt(v, tol=None):
+    if v is None:
+        return "-"
+    s = f"{v:.2e}"
+    return s if tol is None else f"{s} ≤ {tol:.1e}" if v <= tol else f"[red]{s} > {tol:.1e}[/]"
+
+
+def _mark(b):
+    return "-" if b is None else ("yes" if b else "[red]NO[/]")
+
+
+def run(args) -> int:
+    from . import backend, checks, provenance, selfcheck
+    console = Console(highlight=False)
+    dev = backend.device()
+    shapes = args.shapes if args.shapes != "auto" else ("bonsai27b" if dev == "cuda" else "small")
+    if args.derive_exact:
+        from .derive import derive_exact
+        return derive_exact(shapes, dev, console)
+    prov = provenance.collect()
+    console.print(f"[bold]pq2verify check[/] backend={prov['backend']} shapes={shapes} "
+                  f"torch={prov['torch']} triton={prov['triton']} commit={prov['commit']}")
+    ok_all = True
+    out = {"provenance": prov, "selfcheck": [], "cases": []}
+    if not args.skip_selfcheck and not args.case:
+        t = Table(title="reference self-checks")
+        for col in ("check", "result", "detail"):
+            t.add_column(col)
+        for name, ok, detail in selfcheck.run_all():
+            ok_all &= ok
+            t.add_row(name, "PASS" if ok else "[red]FAIL[/]", detail)
+            out["selfcheck"].append({"check": name, "ok": ok, "detail": detail})
+        console.print(t)
+    if args.case:
+        todo = [checks.Case.parse(s) for s in args.case]
+    else:
+        ms = [int(v) for v in _csv(args.m)] if args.m else None
+        todo = checks.cases(shapes, paths=_csv(args.paths), kset=args.kernels, ms=ms,
+                            dtypes=_csv(args.dtype), layouts=_csv(args.layout))
+    table = Table(title=f"kernel paths ({len(todo)} cases)")
+    for col in ("path", "shape", "M", "dtype", "layout", "input", "rel RMS vs quantized FP64",
+                "rel RMS vs dense FP64", "dots exact", "claim held", "deterministic", "written", "verdict"):
+        table.add_column(col, overflow="fold")
+    failures = []
+    t0 = time.time()
+    for i, c in enumerate(todo):
+        try:
+            r = checks.evaluate(c, dev, reruns=args.reruns)
+        except Exception as e:  # a crash is a failure of that case, never of the whole table
+            r = checks.Result(c)
+            r.fail(f"raised {type(e).__name__}: {e}")
+        claim = "-" if r.claim_held is None else f"{r.claim}: {_mark(r.claim_held)}"
+        table.add_row(c.path, f"{c.shape} {c.n}x{c.k}", str(c.m), c.dtype, c.layout,
+                      c.kind + (" strided" if c.strided else ""),
+                      _fmt(r.rel_rms_quantized, r.tol_quantized), _fmt(r.rel_rms_dense, r.tol_dense),
+                      _mark(r.dots_exact), claim, _mark(r.deterministic), _mark(r.written),
+                      "PASS" if r.ok else "[red bold]FAIL[/]")
+        out["cases"].append(r.to_json())
+        if not r.ok:
+            failures.append(r)
+        if args.json:  # written as it goes: a crash keeps what was measured
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1, default=str)
+        print(f"\r[{i + 1}/{len(todo)}] {time.time() - t0:.0f}s {c.id[:70]:70s}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    console.print(table)
+    ok_all &= not failures
+    for r in failures:
+        console.print(f"[red]FAIL[/] {r.message()}", soft_wrap=True)
+    n_pass = len(todo) - len(failures)
+    console.print(f"[bold]{'PASS' if ok_all else 'FAIL'}[/]: {n_pass} of {len(todo)} cases passed "
+                  f"in {time.time() - t0:.0f}s on {prov['backend']}")
+    return 0 if ok_all else 1

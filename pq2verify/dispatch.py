@@ -1,0 +1,173 @@
+"""pq2_matmul: pick the kernel set's path for (weight, M), validate, launch, and record which
+path served the call, so that a run can prove which code executed."""
+import json
+import os
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path as _P
+
+import torch
+
+from . import registry
+from .weights import PQ2Weight
+
+ENV_SET = "PQ2_KERNELS"
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+VERIFIED_DIR = _P(__file__).parent / "verified"
+
+TRACE: Counter = Counter()       # every call since import, per path name
+_traces: list[Counter] = []      # open trace() contexts
+
+
+@contextmanager
+def trace():
+    """Counts calls per path inside the block: `with trace() as t: ...; t['single']`."""
+    c = Counter()
+    _traces.append(c)
+    try:
+        yield c
+    finally:
+        _traces.remove(c)
+
+
+def kernel_set(kernels: str | None = None) -> str:
+    kset = kernels if kernels is not None else os.environ.get(ENV_SET, "tuned")
+    if kset not in registry.KERNEL_SETS:
+        src = "kernels=" if kernels is not None else f"{ENV_SET}="
+        raise ValueError(f"{src}{kset!r}: unknown kernel set; expected one of {', '.join(registry.KERNEL_SETS)}")
+    return kset
+
+
+def switches() -> dict[str, bool]:
+    """Per-path environment switches PQ2_PATH_<NAME>=on|off (unset: follow the set)."""
+    out = {}
+    for p in registry.PATHS:
+        v = os.environ.get(p.env)
+        if v is None or v == "":
+            continue
+        v = v.strip().lower()
+        if v in _ON:
+            out[p.name] = True
+        elif v in _OFF:
+            out[p.name] = False
+        else:
+            raise ValueError(f"{p.env}={v!r}: expected on or off")
+    for k in os.environ:
+        if k.startswith("PQ2_PATH_") and k[9:].lower() not in registry.BY_NAME:
+            raise ValueError(f"{k}: no such path; known paths: {', '.join(registry.BY_NAME)}")
+    return out
+
+
+def backend_key(device: torch.device) -> str:
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm{major}{minor}"
+    from kernels.common import INTERPRET
+    return "interpreter" if INTERPRET else "emulate"
+
+
+def verified_exact(key: str) -> set[str]:
+    """Tuned paths whose bit-identity to their legacy counterpart `check --derive-exact` proved
+    on this backend. Missing file: none (the exact set is then the legacy set)."""
+    f = VERIFIED_DIR / f"exact-{'interpreter' if key == 'emulate' else key}.json"
+    if not f.exists():
+        return set()
+    data = json.loads(f.read_text())
+    return {name for name, r in data["paths"].items() if r.get("held")}
+
+
+def candidates(kset: str, weight_kind: str, key: str) -> list[registry.Path]:
+    sw = switches()
+    tuned = [p for p in registry.paths(kset="tuned", weight=weight_kind)]
+    legacy = [p for p in registry.paths(kset="legacy", weight=weight_kind)]
+    legacy.sort(key=lambda p: p.arithmetic == "floating")  # integer legacy paths before native
+    if kset == "legacy":
+        chosen = legacy
+    elif kset == "tuned":
+        chosen = tuned + legacy
+    else:
+        ok = verified_exact(key)
+        chosen = [p for p in tuned if p.name in ok] + legacy
+    chosen = [p for p in chosen if sw.get(p.name, True)]
+    forced = [p for p in tuned + legacy if sw.get(p.name) and p not in chosen]
+    return forced + chosen
+
+
+def _usable(p: registry.Path, m: int, x: torch.Tensor, layout: str, k: int) -> bool:
+    if not p.serves(m) or x.dtype not in p.dtypes or layout not in p.layouts or k % p.k_multiple:
+        return False
+    if p.min_cc is not None and x.device.type == "cuda":
+        return torch.cuda.get_device_capability(x.device) >= p.min_cc
+    return True
+
+
+def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
+    kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
+    layout = "dense" if kind == "dense" else w.layout
+    k = x.shape[-1]
+    for p in candidates(kset, kind, backend_key(x.device)):
+        if _usable(p, m, x, layout, k):
+            return p
+    raise ValueError(f"no path of kernel set {kset!r} serves M={m}, dtype={x.dtype}, layout={layout}")
+
+
+def validate(x, w) -> None:
+    """The bad-input contract: raise naming the argument and what was expected."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError(f"x: expected shape [..., K], got a scalar")
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"x: expected dtype bfloat16 or float16, got {x.dtype}")
+    if isinstance(w, PQ2Weight):
+        k, dev = w.k, w.device
+    elif isinstance(w, torch.Tensor):
+        if w.dim() != 2:
+            raise ValueError(f"w: a dense weight must be [N, K], got rank {w.dim()}")
+        if w.dtype != x.dtype:
+            raise TypeError(f"w: dense weight dtype {w.dtype} differs from x dtype {x.dtype}")
+        k, dev = w.shape[1], w.device
+    else:
+        raise TypeError(f"w: expected a PQ2Weight or a dense torch.Tensor, got {type(w).__name__}")
+    if x.shape[-1] != k:
+        raise ValueError(f"x: last dimension {x.shape[-1]} does not match the weight's K={k}")
+    if x.device != dev:
+        raise ValueError(f"x: on {x.device} but the weight is on {dev}; move one of them")
+
+
+def pq2_matmul(x, w, *, kernels=None, path=None):
+    """y[..., n] = sum_k x[..., k] W[n, k] through the set's path for this M.
+
+    x: [..., K] bf16/fp16 (leading dims are flattened into M; a row stride is fine, a
+    non-unit stride along K is copied). w: PQ2Weight (raw or prepared) or a dense matrix.
+    kernels: 'legacy' | 'exact' | 'tuned' (default: $PQ2_KERNELS or 'tuned').
+    path: force one registry path (an M outside its range is an error).
+    """
+    validate(x, w)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    n = w.n if isinstance(w, PQ2Weight) else w.shape[0]
+    kset = kernel_set(kernels)
+    if path is not None:
+        p = registry.get(path)
+        kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
+        if p.weight != kind:
+            raise ValueError(f"path={path!r} takes {p.weight} weights, got a {kind} weight")
+        if not p.serves(m):
+            raise ValueError(f"path={path!r} serves M in {p.m_range()}, got M={m}")
+    else:
+        p = resolve(max(m, 1), w, x2, kset)
+    if m == 0:
+        return x.new_empty(*lead, n)
+    TRACE[p.name] += 1
+    for c in _traces:
+        c[p.name] += 1
+    if x2.device.type == "cpu" and backend_key(x2.device) == "emulate":
+        from .emulation import emulate
+        y = emulate(p.name, x2, w)
+    else:
+        y = p.kernel()(x2, w)
+    return y.reshape(*lead, n)

@@ -1,0 +1,98 @@
+"""Kernel sets, per-path switches, the dispatch trace, and their errors."""
+import pytest
+import torch
+
+from pq2verify import dispatch, inputs, registry
+from pq2verify.dispatch import pq2_matmul
+
+KEY = "interpreter"
+
+
+def _names(kset, kind="pq2"):
+    return [p.name for p in dispatch.candidates(kset, kind, KEY)]
+
+
+def _resolve(m, kset, layout="prepared", dtype=torch.bfloat16):
+    w = inputs.ternary_weight(8, 128, seed=1, layout=layout)
+    x = torch.zeros(m, 128, dtype=dtype)
+    return dispatch.resolve(m, w, x, kset).name
+
+
+@pytest.mark.parametrize("m,legacy,tuned", [(1, "int_gemv", "single"), (2, "int_gemv", "small_mma"),
+                                            (16, "int_gemv", "small_mma"), (17, "mmq", "mmq_planes"),
+                                            (2048, "mmq", "mmq_planes")])
+def test_sets_choose_by_m(m, legacy, tuned):
+    assert _resolve(m, "legacy") == legacy
+    assert _resolve(m, "tuned") == tuned
+
+
+def test_exact_set_uses_only_verified_paths(monkeypatch):
+    monkeypatch.setattr(dispatch, "verified_exact", lambda key: set())
+    assert _resolve(17, "exact") == "mmq"
+    monkeypatch.setattr(dispatch, "verified_exact", lambda key: {"mmq_planes"})
+    assert _resolve(17, "exact") == "mmq_planes"
+    assert _resolve(1, "exact") == "int_gemv"
+
+
+def test_path_switch_off_falls_back_and_on_forces(monkeypatch):
+    monkeypatch.setenv("PQ2_PATH_SINGLE", "off")
+    assert _resolve(1, "tuned") == "int_gemv"
+    monkeypatch.setenv("PQ2_PATH_INT_GEMV", "off")
+    assert _resolve(1, "tuned") == "native"
+    monkeypatch.delenv("PQ2_PATH_SINGLE")
+    monkeypatch.delenv("PQ2_PATH_INT_GEMV")
+    monkeypatch.setenv("PQ2_PATH_SMALL_MMA", "on")
+    assert _resolve(4, "legacy") == "small_mma"
+
+
+def test_unknown_set_and_switches_are_errors(monkeypatch):
+    with pytest.raises(ValueError, match="unknown kernel set"):
+        dispatch.kernel_set("fast")
+    monkeypatch.setenv("PQ2_KERNELS", "tunned")
+    with pytest.raises(ValueError, match="PQ2_KERNELS='tunned'"):
+        dispatch.kernel_set()
+    monkeypatch.delenv("PQ2_KERNELS")
+    monkeypatch.setenv("PQ2_PATH_SINGEL", "off")
+    with pytest.raises(ValueError, match="PQ2_PATH_SINGEL: no such path"):
+        dispatch.switches()
+    monkeypatch.delenv("PQ2_PATH_SINGEL")
+    monkeypatch.setenv("PQ2_PATH_SINGLE", "maybe")
+    with pytest.raises(ValueError, match="expected on or off"):
+        dispatch.switches()
+
+
+def test_dense_weights_dispatch_to_dense_paths():
+    w = torch.zeros(96, 128, dtype=torch.bfloat16)
+    assert dispatch.resolve(4, w, torch.zeros(4, 128, dtype=torch.bfloat16), "tuned").name == "small_gemm"
+    assert dispatch.resolve(4, w, torch.zeros(4, 128, dtype=torch.bfloat16), "legacy").name == "cublas"
+    assert dispatch.resolve(64, w, torch.zeros(64, 128, dtype=torch.bfloat16), "tuned").name == "cublas"
+
+
+def test_every_path_is_reachable_from_some_set():
+    served = {_resolve(m, s) for m in (1, 2, 17) for s in ("legacy", "tuned")}
+    pq2 = {p.name for p in registry.paths(weight="pq2") if p.arithmetic == "integer"}
+    assert pq2 <= served
+
+
+def test_trace_proves_which_path_ran(device):
+    dev = "cuda" if device == "cuda" else "cpu"
+    w = inputs.ternary_weight(64, 128, seed=2, device=dev)
+    x = inputs.activations(2, 128, seed=3, device=dev)
+    with dispatch.trace() as t:
+        pq2_matmul(x, w, kernels="legacy")
+        pq2_matmul(x, w, kernels="tuned")
+        pq2_matmul(x[:1], w, kernels="tuned")
+    assert t == {"int_gemv": 1, "small_mma": 1, "single": 1}
+
+
+def test_forced_path_outside_its_range_is_an_error():
+    w = inputs.ternary_weight(8, 128, seed=1)
+    with pytest.raises(ValueError, match=r"path='single' serves M in 1, got M=2"):
+        pq2_matmul(torch.zeros(2, 128, dtype=torch.bfloat16), w, path="single")
+
+
+def test_m_zero_returns_empty_without_a_launch():
+    w = inputs.ternary_weight(8, 128, seed=1)
+    with dispatch.trace() as t:
+        y = pq2_matmul(torch.zeros(0, 128, dtype=torch.bfloat16), w)
+    assert y.shape == (0, 8) and not t
