@@ -33,8 +33,8 @@ def _csv(s):
 def _fmt(v, tol=None):
     if v is None:
         return "-"
-    s = f"{v:.2e}"
-    return s if tol is None else f"{s} ≤ {tol:.1e}" if v <= tol else f"[red]{s} > {tol:.1e}[/]"
+    s = f"{v:.1e}"
+    return s if tol is None else f"{s}/{tol:.0e}" if v <= tol else f"[red]{s}>{tol:.0e}[/]"
 
 
 def _mark(b):
@@ -43,7 +43,7 @@ def _mark(b):
 
 def run(args) -> int:
     from . import backend, checks, provenance, selfcheck
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=max(Console().width, 190))
     dev = backend.device()
     shapes = args.shapes if args.shapes != "auto" else ("bonsai27b" if dev == "cuda" else "small")
     if args.derive_exact:
@@ -70,9 +70,9 @@ def run(args) -> int:
         todo = checks.cases(shapes, paths=_csv(args.paths), kset=args.kernels, ms=ms,
                             dtypes=_csv(args.dtype), layouts=_csv(args.layout))
     table = Table(title=f"kernel paths ({len(todo)} cases)")
-    for col in ("path", "shape", "M", "dtype", "layout", "input", "rel RMS vs quantized FP64",
-                "rel RMS vs dense FP64", "dots exact", "claim held", "deterministic", "written", "verdict"):
-        table.add_column(col, overflow="fold")
+    for col in ("path", "shape", "M", "dtype", "layout", "input", "relRMS/tol quantized",
+                "relRMS/tol dense", "dots exact", "claim held", "determ.", "written", "verdict"):
+        table.add_column(col, no_wrap=True)
     failures = []
     t0 = time.time()
     for i, c in enumerate(todo):

@@ -205,7 +205,7 @@ def call(path: registry.Path, inp: Inputs, *, with_dots: bool = False):
     dots = None
     if with_dots and path.has_dots and x.shape[0] * n * w.groups * 4 <= DOTS_MAX_BYTES:
         dots = torch.full((x.shape[0], n, w.groups), -2 ** 31, dtype=torch.int32, device=x.device)
-    y = path.kernel()(x, w, out=out, dots=dots)
+    y = path.kernel()(x, w, out=out, dots=dots) if path.has_dots else path.kernel()(x, w, out=out)
     if y.data_ptr() != out.data_ptr():
         raise AssertionError(f"{path.name}.run ignored out=: it returned another tensor")
     return y, dots
