@@ -23,7 +23,51 @@ def register(sub):
     ap.add_argument("--derive-exact", action="store_true",
                     help="test each tuned path's bit-identity to its legacy counterpart and record which hold")
     ap.add_argument("--skip-selfcheck", action="store_true", help="skip the reference self-checks")
+    ap.add_argument("--markdown", default=None, help="also write the table as Markdown to this file")
+    ap.add_argument("--render", nargs="+", default=None, metavar="JSON",
+                    help="render saved --json results (e.g. from a GPU run) as Markdown to --markdown; runs nothing")
     ap.set_defaults(func=run)
+
+
+def markdown(results: list[dict], prov: list[dict]) -> str:
+    """A results table from to_json() rows, with the provenance of each run they came from."""
+    lines = ["# pq2verify check", ""]
+    for p in prov:
+        lines.append("- " + ", ".join(f"{k}: {v}" for k, v in p.items()))
+    n_ok = sum(r["ok"] for r in results)
+    lines += ["", f"**{n_ok} of {len(results)} cases passed.**", "",
+              "| path | shape | M | dtype | layout | input | relRMS quantized (tol) | relRMS dense (tol) "
+              "| dots exact | claim | deterministic | written | verdict |", "|" + "---|" * 13]
+
+    def f(v, t):
+        return "-" if v is None else f"{v:.2e} ({t:.0e})"
+
+    def b(v):
+        return "-" if v is None else ("yes" if v else "**NO**")
+    for r in results:
+        claim = "-" if r["claim_held"] is None else f"{r['claim']}: {b(r['claim_held'])}"
+        lines.append(f"| {r['path']} | {r['shape']} {r['n']}x{r['k']} | {r['m']} | {r['dtype']} | {r['layout']} "
+                     f"| {r['kind']}{' strided' if r['strided'] else ''} "
+                     f"| {f(r['rel_rms_quantized'], r['tol_quantized'])} | {f(r['rel_rms_dense'], r['tol_dense'])} "
+                     f"| {b(r['dots_exact'])} | {claim} | {b(r['deterministic'])} | {b(r['written'])} "
+                     f"| {'PASS' if r['ok'] else '**FAIL** ' + '; '.join(r['failures'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(args) -> int:
+    results, prov = [], []
+    for fn in args.render:
+        with open(fn) as fh:
+            d = json.load(fh)
+        results += d["cases"]
+        prov.append(d["provenance"])
+    text = markdown(results, prov)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(text)
+    else:
+        print(text)
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 def _csv(s):
@@ -42,6 +86,8 @@ def _mark(b):
 
 
 def run(args) -> int:
+    if args.render:
+        return render(args)
     from . import backend, checks, provenance, selfcheck
     console = Console(highlight=False, width=max(Console().width, 190))
     dev = backend.device()
@@ -97,6 +143,9 @@ def run(args) -> int:
     print(file=sys.stderr)
     console.print(table)
     ok_all &= not failures
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(markdown(out["cases"], [prov]))
     for r in failures:
         console.print(f"[red]FAIL[/] {r.message()}", soft_wrap=True)
     n_pass = len(todo) - len(failures)

@@ -4,6 +4,11 @@ import argparse
 import importlib
 import sys
 
+class UsageError(Exception):
+    """Bad command-line input found after parsing (an unknown path, a bad set): main prints it,
+    naming the option, and exits with status 2, as argparse does for its own errors."""
+
+
 SUBCOMMANDS = ("pq2verify.check_cli", "pq2verify.golden_cli", "pq2verify.gsm8k.cli", "pq2verify.bench_cli")
 
 
@@ -33,10 +38,16 @@ def main(argv=None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"pq2verify {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("pq2verify: interrupted; results written so far are kept", file=sys.stderr)
         return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m pq2verify.cli`: run the importable module's main, so that the UsageError the
+    # subcommands raise (pq2verify.cli.UsageError) is the class caught there
+    from pq2verify.cli import main as _main
+    sys.exit(_main())

@@ -9,6 +9,7 @@ from pathlib import Path as _P
 import torch
 
 from . import registry
+from . import validate as _check
 from .weights import PQ2Weight
 
 ENV_SET = "PQ2_KERNELS"
@@ -78,7 +79,7 @@ def verified_exact(key: str) -> set[str]:
 
 def candidates(kset: str, weight_kind: str, key: str) -> list[registry.Path]:
     sw = switches()
-    tuned = [p for p in registry.paths(kset="tuned", weight=weight_kind)]
+    tuned = [p for p in registry.paths(kset="tuned", weight=weight_kind) if not p.deselected]
     legacy = [p for p in registry.paths(kset="legacy", weight=weight_kind)]
     legacy.sort(key=lambda p: p.arithmetic == "floating")  # integer legacy paths before native
     if kset == "legacy":
@@ -88,9 +89,9 @@ def candidates(kset: str, weight_kind: str, key: str) -> list[registry.Path]:
     else:
         ok = verified_exact(key)
         chosen = [p for p in tuned if p.name in ok] + legacy
-    chosen = [p for p in chosen if sw.get(p.name, True)]
-    forced = [p for p in tuned + legacy if sw.get(p.name) and p not in chosen]
-    return forced + chosen
+    # on: preferred over the set's own choice (an A/B can route through any path); off: never
+    forced = [p for p in registry.paths(weight=weight_kind) if sw.get(p.name)]
+    return forced + [p for p in chosen if p not in forced and sw.get(p.name, True)]
 
 
 def _usable(p: registry.Path, m: int, x: torch.Tensor, layout: str, k: int) -> bool:
@@ -112,27 +113,10 @@ def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
 
 
 def validate(x, w) -> None:
-    """The bad-input contract: raise naming the argument and what was expected."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() < 1:
-        raise ValueError(f"x: expected shape [..., K], got a scalar")
-    if x.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"x: expected dtype bfloat16 or float16, got {x.dtype}")
-    if isinstance(w, PQ2Weight):
-        k, dev = w.k, w.device
-    elif isinstance(w, torch.Tensor):
-        if w.dim() != 2:
-            raise ValueError(f"w: a dense weight must be [N, K], got rank {w.dim()}")
-        if w.dtype != x.dtype:
-            raise TypeError(f"w: dense weight dtype {w.dtype} differs from x dtype {x.dtype}")
-        k, dev = w.shape[1], w.device
-    else:
-        raise TypeError(f"w: expected a PQ2Weight or a dense torch.Tensor, got {type(w).__name__}")
-    if x.shape[-1] != k:
-        raise ValueError(f"x: last dimension {x.shape[-1]} does not match the weight's K={k}")
-    if x.device != dev:
-        raise ValueError(f"x: on {x.device} but the weight is on {dev}; move one of them")
+    """The bad-input contract (pq2verify.validate): raise naming the argument and what was
+    expected. Shapes, dtypes and devices only; a PQ2Weight's code-3 check runs once per weight."""
+    _check.activations(x, rank2=False)
+    _check.weight(x, w)
 
 
 def pq2_matmul(x, w, *, kernels=None, path=None):
@@ -141,7 +125,8 @@ def pq2_matmul(x, w, *, kernels=None, path=None):
     x: [..., K] bf16/fp16 (leading dims are flattened into M; a row stride is fine, a
     non-unit stride along K is copied). w: PQ2Weight (raw or prepared) or a dense matrix.
     kernels: 'legacy' | 'exact' | 'tuned' (default: $PQ2_KERNELS or 'tuned').
-    path: force one registry path (an M outside its range is an error).
+    path: force one registry path (an M outside its range is an error; M = 0 is empty).
+    Bad input raises before any launch, naming the argument (policies: pq2verify.validate).
     """
     validate(x, w)
     lead = x.shape[:-1]
@@ -153,11 +138,7 @@ def pq2_matmul(x, w, *, kernels=None, path=None):
     kset = kernel_set(kernels)
     if path is not None:
         p = registry.get(path)
-        kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
-        if p.weight != kind:
-            raise ValueError(f"path={path!r} takes {p.weight} weights, got a {kind} weight")
-        if not p.serves(m):
-            raise ValueError(f"path={path!r} serves M in {p.m_range()}, got M={m}")
+        _check.path_fits(p, m, x2, w, arg=f"path={path!r}")
     else:
         p = resolve(max(m, 1), w, x2, kset)
     if m == 0:
@@ -169,5 +150,5 @@ def pq2_matmul(x, w, *, kernels=None, path=None):
         from .emulation import emulate
         y = emulate(p.name, x2, w)
     else:
-        y = p.kernel()(x2, w)
+        y = p.kernel()(x2, w, check=False)
     return y.reshape(*lead, n)

@@ -39,6 +39,9 @@ class Path:
     deterministic: bool = True
     description: str = ""
     has_dots: bool = field(default=True)
+    # A tuned path measured slower than its counterpart is kept (checked, benchmarked, reachable
+    # with PQ2_PATH_<NAME>=on) but out of the tuned selection; `deselected` says why, with data.
+    deselected: str = ""
 
     @property
     def env(self) -> str:
@@ -80,7 +83,9 @@ PATHS: tuple[Path, ...] = (
          description="four masked code planes into INT8 MMA; split-K with fixed-order reduction"),
     Path("mmq_planes", "kernels.mmq_planes", "tuned", 17, None, tol_reason=_OUT,
          bit_identical_to="mmq", dots_equal_to="mmq", counterpart="mmq",
-         description="prefill: four masked-plane K=32 int8 dots per group, mmq's fold order"),
+         description="prefill: four masked-plane K=32 int8 dots per group, mmq's fold order",
+         deselected="H200 2026-11-30: 0.87-0.88x of mmq at M=2048 on all six Bonsai shapes "
+                    "(7 paired rounds, results/h200/bench.md)"),
     Path("cublas", "pq2verify.dense", "legacy", 1, None, weight="dense", layouts=("dense",),
          arithmetic="floating", reference="dense", has_dots=False, tol_reason=_OUT,
          description="torch.matmul (cuBLAS on CUDA) on the unquantized BF16 matrix"),

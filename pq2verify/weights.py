@@ -16,16 +16,34 @@ class PQ2FormatError(ValueError):
     """A weight that is not valid PQ2_0 (shape, dtype, byte count, code 3, ...)."""
 
 
+ALIGN = 16   # bytes: kernels read int32 code words and 16-byte vectors from the allocation
+
+
 def _find_code3(codes: torch.Tensor):
-    """First (row, byte) whose byte holds a 2-bit field equal to 3, or None. codes: uint8 [N, B]."""
-    c = codes.to(torch.int32)
-    bad = torch.zeros_like(c, dtype=torch.bool)
-    for s in range(4):
-        bad |= ((c >> (2 * s)) & 3) == 3
+    """First (row, byte) whose byte holds a 2-bit field equal to 3, or None. codes: uint8 [N, B].
+    A field is 3 when both of its bits are set: byte & (byte >> 1) & 0b01010101 (no widening,
+    so a weight of hundreds of MB costs one extra byte plane, not four)."""
+    bad = (codes & (codes >> 1) & 0x55) != 0
     if not bool(bad.any()):
         return None
     idx = int(torch.nonzero(bad.flatten())[0])
     return divmod(idx, codes.shape[1])
+
+
+def _version(t: torch.Tensor):
+    """torch's count of in-place writes to t's allocation; None for inference tensors (which
+    keep none: in-place writes to those cannot be seen)."""
+    try:
+        return t._version
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous and ALIGN-byte aligned: a slice at an odd offset of a larger buffer is copied
+    (documented policy: weights are copied at load, never per call)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % ALIGN == 0 else t.clone()
 
 
 @dataclass(eq=False)
@@ -34,7 +52,41 @@ class PQ2Weight:
     n: int
     k: int
     layout: str                 # "raw" | "prepared"
-    _views: dict = field(default_factory=dict, repr=False)
+    checked: bool = field(default=False, repr=False)   # validate() passed on the bytes as they were then
+
+    def __post_init__(self):
+        # structure only (no data read): a weight built by hand must still be self-consistent
+        if self.layout not in ("raw", "prepared"):
+            raise PQ2FormatError(f"weight: layout must be 'raw' or 'prepared', got {self.layout!r}")
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.uint8:
+            raise PQ2FormatError(f"weight: data must be a uint8 tensor, got {getattr(self.data, 'dtype', type(self.data))}")
+        if self.k <= 0 or self.k % BLOCK:
+            raise PQ2FormatError(f"weight: K={self.k} is not a positive multiple of {BLOCK}")
+        if self.data.numel() != self.nbytes:
+            raise PQ2FormatError(f"weight: {self.data.numel()} bytes, expected N*K/128*34 = {self.nbytes} "
+                                 f"for N={self.n}, K={self.k}")
+        if self.data.data_ptr() % ALIGN or not self.data.is_contiguous():
+            self.data = _aligned(self.data)   # copied once here, never per call
+
+    def __setattr__(self, name, value):
+        # Views, derived tensors and the validation verdict belong to the bytes they were made
+        # from: replacing the data (or its shape) drops them, or a kernel would read the old ones.
+        object.__setattr__(self, name, value)
+        if name == "checked":
+            self.__dict__["_checked_at"] = _version(self.data) if value else None
+        elif name in ("data", "n", "k", "layout") and "checked" in self.__dict__:
+            self.__dict__.pop("_cache", None)
+            object.__setattr__(self, "checked", False)
+
+    @property
+    def _views(self) -> dict:
+        """Per-object cache of what is derived from the data (typed views here; emulation's
+        decoded weights). Also dropped when the data is written in place (torch's version
+        counter, shared by all views of the allocation): nothing derived outlives its bytes."""
+        ver = _version(self.data)
+        if "_cache" not in self.__dict__ or self.__dict__.get("_cache_at") != ver:
+            self.__dict__["_cache"], self.__dict__["_cache_at"] = {}, ver
+        return self.__dict__["_cache"]
 
     @property
     def groups(self) -> int:
@@ -60,8 +112,7 @@ class PQ2Weight:
         if rs == 0 or rs % BLOCK_BYTES:
             raise PQ2FormatError(
                 f"weight: row of {rs} bytes is not a multiple of {BLOCK_BYTES} (one block = fp16 scale + 32 code bytes)")
-        raw = raw.contiguous()
-        w = cls(raw, n, rs // BLOCK_BYTES * BLOCK, "raw")
+        w = cls(_aligned(raw), n, rs // BLOCK_BYTES * BLOCK, "raw")
         if validate:
             w.validate()
         return w
@@ -76,7 +127,7 @@ class PQ2Weight:
             raise PQ2FormatError(
                 f"weight: prepared buffer must be flat with N*K/128*34 = {n * k // BLOCK * BLOCK_BYTES} bytes, "
                 f"got shape {tuple(flat.shape)}")
-        w = cls(flat.contiguous(), n, k, "prepared")
+        w = cls(_aligned(flat), n, k, "prepared")
         if validate:
             w.validate()
         return w
@@ -94,6 +145,17 @@ class PQ2Weight:
         if bool(bad.any()):
             row, blk = divmod(int(torch.nonzero(bad.flatten())[0]), self.groups)
             raise PQ2FormatError(f"weight: non-finite fp16 scale in row {row}, block {blk}")
+        self.checked = True
+
+    def ensure_checked(self) -> None:
+        """validate() once per data: again only after the bytes were replaced or written in place. Skipped while a CUDA graph is
+        being captured (validation reads the data back to the host); the eager warm-up call
+        that must precede a capture has done it."""
+        if self.checked and self.__dict__.get("_checked_at") == _version(self.data):
+            return
+        if self.data.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        self.validate()
 
     # --- plane views (copies for raw; views for prepared) -------------------------------
     def codes_matrix(self) -> torch.Tensor:
@@ -114,17 +176,18 @@ class PQ2Weight:
         if self.layout == "prepared":
             return self
         flat = torch.cat([self.codes_matrix().reshape(-1), self.scales_matrix().reshape(-1).view(torch.uint8)])
-        return PQ2Weight(flat, self.n, self.k, "prepared")
+        return PQ2Weight(flat, self.n, self.k, "prepared", checked=self.checked)
 
     def to_raw(self) -> "PQ2Weight":
         if self.layout == "raw":
             return self
         blocks = torch.cat([self.scales_matrix().contiguous().view(torch.uint8).view(self.n, self.groups, 2),
                             self.codes_matrix().reshape(self.n, self.groups, 32)], dim=2)
-        return PQ2Weight(blocks.reshape(self.n, self.groups * BLOCK_BYTES).contiguous(), self.n, self.k, "raw")
+        return PQ2Weight(blocks.reshape(self.n, self.groups * BLOCK_BYTES).contiguous(), self.n, self.k, "raw",
+                         checked=self.checked)
 
     def to(self, device) -> "PQ2Weight":
-        return PQ2Weight(self.data.to(device), self.n, self.k, self.layout)
+        return PQ2Weight(self.data.to(device), self.n, self.k, self.layout, checked=self.checked)
 
     # --- what the kernels read: typed views of the ONE allocation, plus strides -----------
     @property

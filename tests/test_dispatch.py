@@ -19,19 +19,27 @@ def _resolve(m, kset, layout="prepared", dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("m,legacy,tuned", [(1, "int_gemv", "single"), (2, "int_gemv", "small_mma"),
-                                            (16, "int_gemv", "small_mma"), (17, "mmq", "mmq_planes"),
-                                            (2048, "mmq", "mmq_planes")])
+                                            (16, "int_gemv", "small_mma"), (17, "mmq", "mmq"),
+                                            (2048, "mmq", "mmq")])
 def test_sets_choose_by_m(m, legacy, tuned):
     assert _resolve(m, "legacy") == legacy
     assert _resolve(m, "tuned") == tuned
 
 
+def test_deselected_tuned_path_stays_reachable_by_its_switch(monkeypatch):
+    assert registry.get("mmq_planes").deselected  # measured slower than mmq on the H200
+    monkeypatch.setenv("PQ2_PATH_MMQ_PLANES", "on")
+    assert _resolve(17, "tuned") == "mmq_planes"
+    assert _resolve(17, "legacy") == "mmq_planes"
+
+
 def test_exact_set_uses_only_verified_paths(monkeypatch):
     monkeypatch.setattr(dispatch, "verified_exact", lambda key: set())
-    assert _resolve(17, "exact") == "mmq"
-    monkeypatch.setattr(dispatch, "verified_exact", lambda key: {"mmq_planes"})
-    assert _resolve(17, "exact") == "mmq_planes"
     assert _resolve(1, "exact") == "int_gemv"
+    assert _resolve(4, "exact") == "int_gemv"
+    monkeypatch.setattr(dispatch, "verified_exact", lambda key: {"single"})
+    assert _resolve(1, "exact") == "single"
+    assert _resolve(4, "exact") == "int_gemv"
 
 
 def test_path_switch_off_falls_back_and_on_forces(monkeypatch):
@@ -68,10 +76,13 @@ def test_dense_weights_dispatch_to_dense_paths():
     assert dispatch.resolve(64, w, torch.zeros(64, 128, dtype=torch.bfloat16), "tuned").name == "cublas"
 
 
-def test_every_path_is_reachable_from_some_set():
+def test_every_path_is_reachable_from_some_set_or_switch(monkeypatch):
     served = {_resolve(m, s) for m in (1, 2, 17) for s in ("legacy", "tuned")}
-    pq2 = {p.name for p in registry.paths(weight="pq2") if p.arithmetic == "integer"}
-    assert pq2 <= served
+    for p in registry.paths(weight="pq2"):
+        if p.name not in served:
+            monkeypatch.setenv(p.env, "on")
+            assert _resolve(p.m_min, "tuned") == p.name
+            monkeypatch.delenv(p.env)
 
 
 def test_trace_proves_which_path_ran(device):

@@ -1,0 +1,113 @@
+"""mmq_planes: the tuned prefill path (M > 16; any M works), claimed BIT-IDENTICAL to mmq.
+
+Arithmetic: plane-order Q8 activations with group sums (kernels.prepare.quantize_q8). Per group
+g, four int8 tensor-core dots with K = 32 on the raw code planes {0,1,2},
+    dot_g = sum_s tl.dot(q[:, 128g+32s : +32], (codes >> 2s) & 3) - t[:, g],
+give exactly mmq's integer group dot sum (c-1)*q (unsigned-codes trick, SPEC §4).
+
+FP32 order: identical to mmq's for every output element: acc starts at 0.0 and each group is
+folded with common.scale_accumulate(acc, dot_g, xs [BM,1] fp32, ws [1,BN] fp32) for g strictly
+ascending over all groups (no split-K), then cast to x's dtype (prepare.to_out, as mmq). Tile
+sizes do not enter the per-element sequence, so they may differ from mmq's. The SWAP config
+(off by default: slower on the H200) computes the transposed tile, weights as the MMA's A
+operand, with xs [1,BM] / ws [BN,1]: the same per-element expression, and it too was
+bit-identical to mmq on the H200.
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from . import common, prepare
+from .small_mma import plane_dots
+from pq2verify import validate
+
+
+@triton.jit
+def _mmq_planes_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
+                       codes_ptr, scales_ptr, out_ptr, out_sm, out_sn,
+                       dots_ptr, d_sm, d_sn, d_sg,
+                       M, N, code_row, code_group, code_off,
+                       scale_row, scale_group, scale_off,
+                       BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SWAP: tl.constexpr,
+                       PREPARED: tl.constexpr, WRITE_DOTS: tl.constexpr, INTERP: tl.constexpr):
+    # consecutive programs share one weight tile (N block) and walk the M blocks, so a weight
+    # tile is read from memory once and reused from L2
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    pid_m = pid % num_m
+    pid_n = pid // num_m
+    rm = pid_m * BM + tl.arange(0, BM)
+    m_ok = rm < M
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    # SWAP keeps everything transposed ([BN, BM], weights as the MMA's A operand); each
+    # element's FP32 sequence acc + dot*xs*ws is unchanged, so the bits are too
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+        mn = rm[None, :] < M
+        nn = n_ok[:, None]
+        m_off = rm.to(tl.int64)[None, :]
+        n_off = rn[:, None]
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        mn = m_ok[:, None]
+        nn = n_ok[None, :]
+        m_off = rm.to(tl.int64)[:, None]
+        n_off = rn[None, :]
+    # constexpr G: runtime loop bounds break Triton 3.6's interpreter under numpy >= 2.4
+    for g in range(0, G):
+        d = plane_dots(q_ptr, q_sm, rm, m_ok, codes_ptr, rn, n_ok, g, True, G, code_row,
+                       code_group, code_off, BM, BN, SWAP, PREPARED)
+        t = tl.load(t_ptr + m_off * t_sm + g, mask=mn, other=0)
+        xs = tl.load(xs_ptr + m_off * xs_sm + g, mask=mn, other=0.0)
+        ws = tl.load(scales_ptr + scale_off + n_off * scale_row + g * scale_group,
+                     mask=nn, other=0.0).to(tl.float32)
+        dot = d - t
+        acc = common.scale_accumulate(acc, dot, xs, ws)
+        if WRITE_DOTS:
+            tl.store(dots_ptr + m_off * d_sm + n_off * d_sn + g * d_sg, dot, mask=mn & nn)
+    tl.store(out_ptr + m_off * out_sm + n_off * out_sn,
+             prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP), mask=mn & nn)
+
+
+@functools.lru_cache(maxsize=None)
+def config(m_bucket: int, n: int, k: int):
+    """(BM, BN, SWAP, num_warps, num_stages) from shapes only (m bucketed to a power of two)."""
+    if common.INTERPRET:
+        # the interpreter pays per program: few, wide tiles
+        return max(16, min(m_bucket, 128)), max(16, min(triton.next_power_of_2(n), 256)), False, 4, 1
+    # measured on the H200 (M = 512, 4096): 64 x 128 tiles, 4 warps, mma.sync beat the
+    # 128 x 128 wgmma tiles (the computed weight planes must pass through shared memory) and
+    # the swapped operand order
+    if m_bucket >= 64:
+        return 64, 128, False, 4, 3
+    return 32, 128, False, 4, 3
+
+
+def run(x, w, *, out=None, dots=None, check=True):
+    if check:  # pq2_matmul has validated already and passes check=False
+        validate.kernel_args("mmq_planes", x, w, out, dots)
+    m, k = x.shape
+    n = w.n
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    q, xs, t = prepare.quantize_q8(x, order="plane")
+    bm, bn, swap, warps, stages = config(min(triton.next_power_of_2(m), 4096), n, k)
+    st = w.strides
+    write_dots = dots is not None
+    dd = dots if write_dots else out
+    ds = dots.stride() if write_dots else (0, 0, 0)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _mmq_planes_kernel[grid](
+        q, q.stride(0), xs, xs.stride(0), t, t.stride(0),
+        w.codes_u8, w.scales_f16, out, out.stride(0), out.stride(1),
+        dd, ds[0], ds[1], ds[2],
+        m, n, st["code_row"], st["code_group"], st["code_off"],
+        st["scale_row"], st["scale_group"], st["scale_off"],
+        BM=bm, BN=bn, G=w.groups, SWAP=swap, PREPARED=w.layout == "prepared", WRITE_DOTS=write_dots,
+        INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
+    return out

@@ -1,0 +1,176 @@
+"""Activation and weight preparation: Q8 quantization (SPEC §3), the blockwise Hadamard
+rotation, and the raw -> prepared weight copy. Also `to_out`, the output cast every path
+uses (the interpreter's own fp32 -> bf16 cast truncates, so it needs a fallback)."""
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common import INTERPRET, RCP127, rne
+
+GROUP = 128
+_RCP127 = tl.constexpr(RCP127)   # a jit function reads module globals only as constexpr
+
+
+@triton.jit
+def to_out(y, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """Round fp32 y to DTYPE to nearest even. Triton 3.6's interpreter truncates fp32 -> bf16,
+    so there the rounding is done on the bits first and the cast is then exact."""
+    if INTERP and DTYPE == tl.bfloat16:
+        b = y.to(tl.int32, bitcast=True)
+        b = (b + (0x7FFF + ((b >> 16) & 1))) & -65536
+        return b.to(tl.float32, bitcast=True).to(DTYPE)
+    else:
+        return y.to(DTYPE)
+
+
+# --- Q8 quantization -------------------------------------------------------------------
+
+@triton.jit
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm,
+                     BU: tl.constexpr, PLANE: tl.constexpr):
+    # One program: BU (row, group) units u = m*G + g, each group as [32, 4] = (b, s), element
+    # 4b+s. Outputs are contiguous in u: scales/sums at u, codes at u*128.
+    u = tl.program_id(0) * BU + tl.arange(0, BU)
+    umask = u < U
+    m = u // G
+    c = tl.arange(0, 128)
+    mask = umask[:, None] & (c >= 0)[None, :]
+    src = (m.to(tl.int64) * stride_xm + (u - m * G) * 128)[:, None] + c[None, :]
+    a = tl.reshape(tl.load(x_ptr + src, mask=mask, other=0.0).to(tl.float32), (BU, 32, 4))
+    amax = tl.max(tl.max(tl.abs(a), axis=2), axis=1)
+    # tl.max drops NaN, so a NaN group would get a finite scale and finite, wrong outputs:
+    # give it a NaN scale, which every integer path multiplies into the affected row.
+    has_nan = tl.max(tl.max((a != a).to(tl.int32), axis=2), axis=1)
+    scale = tl.where(has_nan != 0, float("nan"), amax * _RCP127)
+    div = tl.where(scale == 0.0, 1.0, scale)
+    q = tl.math.div_rn(a, div[:, None, None])
+    q = tl.minimum(tl.maximum(rne(q), -127.0), 127.0).to(tl.int32)
+    t = tl.sum(tl.sum(q, axis=2), axis=1)
+    if PLANE:
+        q = tl.permute(q, (0, 2, 1))   # element 4b+s goes to s*32+b
+    dst = u.to(tl.int64)[:, None] * 128 + c[None, :]
+    tl.store(q_ptr + dst, tl.reshape(q, (BU, 128)).to(tl.int8), mask=mask)
+    tl.store(s_ptr + u, scale, mask=umask)
+    tl.store(t_ptr + u, t, mask=umask)
+
+
+@functools.lru_cache(maxsize=None)
+def _quantize_config(units):
+    if INTERPRET:
+        return min(triton.next_power_of_2(units), 256), 4   # few programs: the interpreter pays per program
+    return min(triton.next_power_of_2(units), 8), 4         # 1024 values a program
+
+
+def quantize_q8(x, order="plain"):
+    """Q8 with group 128 (SPEC §3): -> (q int8 [M,K], scales fp32 [M,G], sums int32 [M,G])."""
+    if order not in ("plain", "plane"):
+        raise ValueError(f"order: expected 'plain' or 'plane', got {order!r}")
+    m, k = x.shape
+    g = k // GROUP
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    sc = torch.empty((m, g), dtype=torch.float32, device=x.device)
+    sums = torch.empty((m, g), dtype=torch.int32, device=x.device)
+    if m == 0 or g == 0:
+        return q, sc, sums
+    units = m * g
+    bu, warps = _quantize_config(units)
+    _quantize_kernel[(triton.cdiv(units, bu),)](
+        x, q, sc, sums, units, g, x.stride(0), BU=bu, PLANE=order == "plane", num_warps=warps)
+    return q, sc, sums
+
+
+# --- Hadamard rotation -------------------------------------------------------------------
+
+@triton.jit
+def _rotate_kernel(x_ptr, sg_ptr, y_ptr, M, K, stride_xm, sign_stride, inv_sqrt,
+                   BR: tl.constexpr, B: tl.constexpr, LOGB: tl.constexpr, INTERP: tl.constexpr):
+    # One program: BR rows x one block of B columns. Fast Walsh-Hadamard by LOGB identical
+    # stages z[2j] = v[j] + v[j+B/2], z[2j+1] = v[j] - v[j+B/2]; LOGB of them give the
+    # Sylvester H_B exactly (each stage handles the top index bit and rotates it to the bottom).
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    blk = tl.program_id(1)
+    c = tl.arange(0, B)
+    rmask = r < M
+    col = blk * B + c
+    v = tl.load(x_ptr + r[:, None].to(tl.int64) * stride_xm + col[None, :],
+                mask=rmask[:, None], other=0.0).to(tl.float32)
+    sgn = tl.load(sg_ptr + blk * sign_stride + c).to(tl.float32)
+    v = v * sgn[None, :]
+    for _ in tl.static_range(LOGB):
+        v3 = tl.permute(tl.reshape(v, (BR, 2, B // 2)), (0, 2, 1))
+        lo, hi = tl.split(v3)
+        v = tl.reshape(tl.join(lo + hi, lo - hi), (BR, B))
+    v = v * inv_sqrt
+    tl.store(y_ptr + r[:, None].to(tl.int64) * K + col[None, :],
+             to_out(v, y_ptr.dtype.element_ty, INTERP), mask=rmask[:, None])
+
+
+@functools.lru_cache(maxsize=None)
+def _rotate_config(m, block):
+    if INTERPRET:
+        br = min(triton.next_power_of_2(max(m, 1)), 64)
+    else:
+        br = max(1, min(4096 // block, triton.next_power_of_2(max(m, 1))))
+    return br, 4
+
+
+def rotate(x, signs, block=1024):
+    """y_blk = H_B (x_blk * signs) / sqrt(B) per block of B columns (Sylvester H), in fp32,
+    returned in x's dtype. signs: B values (one vector for every block) or K values."""
+    m, k = x.shape
+    if block < 2 or block & (block - 1) or k % block:
+        raise ValueError(f"rotate: block {block} must be a power of two dividing K={k}")
+    if signs.numel() not in (block, k):
+        raise ValueError(f"rotate: signs must have {block} or {k} values, got {signs.numel()}")
+    y = torch.empty((m, k), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    signs = signs.reshape(-1)
+    if signs.dtype == torch.bool:
+        raise ValueError("rotate: signs must be numbers +-1, not bool")
+    br, warps = _rotate_config(m, block)
+    _rotate_kernel[(triton.cdiv(m, br), k // block)](
+        x, signs, y, m, k, x.stride(0), 0 if signs.numel() == block else block, 1.0 / math.sqrt(block),
+        BR=br, B=block, LOGB=block.bit_length() - 1, INTERP=INTERPRET, num_warps=warps)
+    return y
+
+
+# --- raw -> prepared weights -------------------------------------------------------------
+
+@triton.jit
+def _prepare_kernel(src_ptr, dst_ptr, N, RS, CODE_BYTES,
+                    BN: tl.constexpr, BT: tl.constexpr):
+    # Read each raw row contiguously; byte p of block g goes to the code plane (p >= 2) or to
+    # the scale plane (p < 2).
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    t = tl.program_id(1) * BT + tl.arange(0, BT)
+    mask = (n < N)[:, None] & (t < RS)[None, :]
+    n64 = n.to(tl.int64)[:, None]
+    v = tl.load(src_ptr + n64 * RS + t[None, :], mask=mask)
+    g = t // 34
+    p = t - g * 34
+    gs = RS // 34
+    code_dst = n64 * (gs * 32) + (g * 32 + p - 2)[None, :]
+    scale_dst = CODE_BYTES + n64 * (gs * 2) + (g * 2 + p)[None, :]
+    tl.store(dst_ptr + tl.where((p >= 2)[None, :], code_dst, scale_dst), v, mask=mask)
+
+
+def raw_to_prepared(w):
+    """A raw PQ2Weight -> a prepared one (one new allocation, equal to w.to_prepared() byte for
+    byte). A raw uint8 matrix [N, G*34] gives the flat prepared bytes instead."""
+    from pq2verify.weights import BLOCK_BYTES, PQ2Weight
+    if isinstance(w, torch.Tensor):
+        return raw_to_prepared(PQ2Weight.from_raw(w, validate=False)).data
+    if w.layout == "prepared":
+        return w
+    n, k = w.n, w.k
+    rs = k // GROUP * BLOCK_BYTES
+    flat = torch.empty(n * rs, dtype=torch.uint8, device=w.device)
+    if n:
+        bn, bt = (64, triton.next_power_of_2(rs)) if INTERPRET else (4, 1024)
+        _prepare_kernel[(triton.cdiv(n, bn), triton.cdiv(rs, bt))](
+            w.data, flat, n, rs, n * k // 4, BN=bn, BT=bt, num_warps=4)
+    return PQ2Weight(flat, n, k, "prepared")

@@ -1,0 +1,218 @@
+"""small_mma: the tuned path for M = 2..16 (M = 1 works too).
+
+Arithmetic: plane-order Q8 activations with group sums (kernels.prepare.quantize_q8). For a
+group g, the code byte b of row n holds the codes of elements 4b+s (s = 0..3); plane s of the
+weights, (byte >> 2s) & 3, is an int8 [32, BN] matrix of raw codes {0,1,2} whose row b lines up
+with activation column s*32+b of the plane-order group. So
+    dot_g[m, n] = sum_s tl.dot(q[m, 128g+32s : 128g+32s+32], plane_s) - t[m, g]
+is exactly int_gemv's sum (c-1)*q (the unsigned-codes trick, SPEC §4).
+
+FP32 order: a program owns one N tile and a contiguous range of groups (split-K over groups);
+it folds acc = acc + dot_g*xs*ws (common.scale_accumulate) for g ascending from 0.0, and writes
+its partial to a workspace [SPLIT, M, N]. A second kernel sums the partials in the fixed order
+((p0 + p1) + p2) + ... and casts to x's dtype. No atomics, so reruns give identical bits.
+With SPLIT = 1 the program writes the cast result directly (same value as the reduction).
+
+Also hosts the split-K helpers that single and small_gemm share: `workspace` and `reduce_splits`.
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from . import common, prepare
+from pq2verify import validate
+
+# --- shared split-K helpers --------------------------------------------------------------
+_WORKSPACES = {}
+
+
+def workspace(device, numel: int) -> torch.Tensor:
+    """An fp32 scratch buffer cached per (device, size): never keyed by a caller's data pointer,
+    so freed-and-reused memory cannot make it stale. Calls on one stream run in order, so the
+    same buffer can serve every call of that size."""
+    key = (device, numel)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = _WORKSPACES[key] = torch.empty(numel, dtype=torch.float32, device=device)
+    return ws
+
+
+@triton.jit
+def _reduce_kernel(part_ptr, out_ptr, M, N, out_sm, out_sn,
+                   SPLIT: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < M * N
+    acc = tl.load(part_ptr + idx, mask=ok, other=0.0)
+    # fixed ascending order over the splits: ((p0 + p1) + p2) + ...
+    for s in tl.static_range(1, SPLIT):
+        acc = acc + tl.load(part_ptr + s * M * N + idx, mask=ok, other=0.0)
+    m = idx // N
+    n = idx - m * N
+    tl.store(out_ptr + m * out_sm + n * out_sn, prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP),
+             mask=ok)
+
+
+def reduce_splits(part, out, split: int, m: int, n: int) -> None:
+    """out[m, n] = sum over s ascending of part[s, m, n] (fp32), cast to out's dtype."""
+    block = 1024 if m * n >= 1024 else 256
+    _reduce_kernel[(triton.cdiv(m * n, block),)](
+        part, out, m, n, out.stride(0), out.stride(1), SPLIT=split, BLOCK=block,
+        INTERP=common.INTERPRET, num_warps=4)
+
+
+def split_groups(groups: int, want: int, multiple: int = 1):
+    """(groups per split, number of splits) for about `want` splits, groups per split a
+    multiple of `multiple`, no empty split."""
+    want = max(1, min(want, groups))
+    per = triton.cdiv(triton.cdiv(groups, want), multiple) * multiple
+    return per, triton.cdiv(groups, per)
+
+
+# --- the kernel --------------------------------------------------------------------------
+@triton.jit
+def plane_dots(q_ptr, q_sm, rm, m_ok, codes_ptr, rn, n_ok, g, live, G, code_row, code_group,
+               code_off, BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr,
+               PREPARED: tl.constexpr):
+    """sum_s tl.dot(plane-order q[rm, 128g+32s : +32], (codes[rn, group g] >> 2s) & 3): the
+    raw-code group dot, int32 [BM, BN]; transposed, [BN, BM], when SWAP (the weight planes as
+    the MMA's A operand, K contiguous in registers as loaded; activations as B)."""
+    rb = tl.arange(0, 32)
+    if PREPARED:
+        # row stride G*32 bytes written so the compiler sees 32-byte aligned rows (16-byte loads)
+        row = rn * (G * 32) + g * 32
+    else:
+        row = code_off + rn * code_row + g * code_group
+    if SWAP:
+        c = tl.load(codes_ptr + row[:, None] + rb[None, :], mask=n_ok[:, None] & live, other=0)
+        d = tl.zeros([BN, BM], dtype=tl.int32)
+        for s in tl.static_range(4):
+            a = tl.load(q_ptr + rm[None, :] * q_sm + (g * 128 + s * 32) + rb[:, None],
+                        mask=m_ok[None, :] & live, other=0)                     # [32, BM] int8
+            d = tl.dot(((c >> (2 * s)) & 3).to(tl.int8), a, d, out_dtype=tl.int32)
+    else:
+        c = tl.load(codes_ptr + row[None, :] + rb[:, None], mask=n_ok[None, :] & live, other=0)
+        d = tl.zeros([BM, BN], dtype=tl.int32)
+        for s in tl.static_range(4):
+            a = tl.load(q_ptr + rm[:, None] * q_sm + (g * 128 + s * 32) + rb[None, :],
+                        mask=m_ok[:, None] & live, other=0)                     # [BM, 32] int8
+            d = tl.dot(a, ((c >> (2 * s)) & 3).to(tl.int8), d, out_dtype=tl.int32)
+    return d
+
+
+@triton.jit
+def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
+                      codes_ptr, scales_ptr, out_ptr, out_sm, out_sn, part_ptr,
+                      dots_ptr, d_sm, d_sn, d_sg,
+                      M, N, G, code_row, code_group, code_off,
+                      scale_row, scale_group, scale_off,
+                      BM: tl.constexpr, BN: tl.constexpr, PER: tl.constexpr, SPLIT: tl.constexpr,
+                      SWAP: tl.constexpr, UNROLL: tl.constexpr, PREPARED: tl.constexpr,
+                      WRITE_DOTS: tl.constexpr, INTERP: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BM)
+    m_ok = rm < M
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    g_begin = pid_k * PER
+    # SWAP keeps everything transposed ([BN, BM]); each element's FP32 sequence is the same
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+        mn = rm[None, :] < M
+        nn = n_ok[:, None]
+        m_off = rm[None, :]
+        n_off = rn[:, None]
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        mn = m_ok[:, None]
+        nn = n_ok[None, :]
+        m_off = rm[:, None]
+        n_off = rn[None, :]
+    # constexpr trip count: runtime loop bounds break Triton 3.6's interpreter under numpy >= 2.4;
+    # only the last split can run past G, and its extra groups leave acc untouched
+    for i in range(0, PER // UNROLL):
+        for u in tl.static_range(UNROLL):
+            g = g_begin + i * UNROLL + u
+            live = g < G
+            d = plane_dots(q_ptr, q_sm, rm, m_ok, codes_ptr, rn, n_ok, g, live, G, code_row,
+                           code_group, code_off, BM, BN, SWAP, PREPARED)
+            t = tl.load(t_ptr + m_off * t_sm + g, mask=mn & live, other=0)
+            xs = tl.load(xs_ptr + m_off * xs_sm + g, mask=mn & live, other=0.0)
+            ws = tl.load(scales_ptr + scale_off + n_off * scale_row + g * scale_group,
+                         mask=nn & live, other=0.0).to(tl.float32)
+            dot = d - t
+            acc = tl.where(live, common.scale_accumulate(acc, dot, xs, ws), acc)
+            if WRITE_DOTS:
+                tl.store(dots_ptr + m_off * d_sm + n_off * d_sn + g * d_sg, dot, mask=mn & nn & live)
+    if SPLIT == 1:
+        tl.store(out_ptr + m_off * out_sm + n_off * out_sn,
+                 prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP), mask=mn & nn)
+    else:
+        tl.store(part_ptr + (pid_k * M + m_off) * N + n_off, acc, mask=mn & nn)
+
+
+@functools.lru_cache(maxsize=None)
+def config(m_bucket: int, n: int, k: int):
+    """(BN, groups per split, SPLIT, SWAP, UNROLL, num_warps, num_stages) from shapes only.
+    Decode is memory-bound: aim for ~1000+ programs so every SM has several tiles' loads in
+    flight, but keep the partial traffic (SPLIT*M*N*8 bytes) small next to the N*K/4 weight
+    bytes. Groups per split is a multiple of UNROLL (groups per loop trip)."""
+    groups = k // 128
+    if common.INTERPRET:
+        # the interpreter pays per program: wide tiles, but still two splits (and an unrolled
+        # body with a dead tail group when G is odd) to exercise them
+        per, split = split_groups(groups, 2, 2)
+        return min(256, max(16, triton.next_power_of_2(n))), per, split, False, 2, 4, 1
+    bn, unroll = 128, 1
+    tiles = triton.cdiv(n, bn)
+    want = 1
+    while tiles * want < 1024 and groups // (2 * want) >= 4:
+        want *= 2
+    per, split = split_groups(groups, want, unroll)
+    return bn, per, split, False, unroll, 4, 3
+
+
+def m_bucket(m: int) -> int:
+    return 16 if m > 8 else 8
+
+
+def fold(m: int, n: int, k: int) -> dict:
+    """The FP32 order this backend's config gives (for emulation): split s folds groups
+    [s*per, min((s+1)*per, G)) ascending from 0.0; splits are summed ((p0+p1)+p2)+..."""
+    bn, per, split, swap, unroll, warps, stages = config(m_bucket(m), n, k)
+    return dict(groups_per_split=per, splits=split)
+
+
+def run(x, w, *, out=None, dots=None, check=True):
+    if check:  # pq2_matmul has validated already and passes check=False
+        validate.kernel_args("small_mma", x, w, out, dots)
+    m, k = x.shape
+    n = w.n
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if m > 16:
+        raise ValueError(f"small_mma: M={m} is over 16")
+    q, xs, t = prepare.quantize_q8(x, order="plane")
+    groups = w.groups
+    bn, per, split, swap, unroll, warps, stages = config(m_bucket(m), n, k)
+    st = w.strides
+    prepared = w.layout == "prepared"
+    part = workspace(x.device, split * m * n) if split > 1 else out
+    write_dots = dots is not None
+    dd = dots if write_dots else out
+    ds = dots.stride() if write_dots else (0, 0, 0)
+    _small_mma_kernel[(triton.cdiv(n, bn), split)](
+        q, q.stride(0), xs, xs.stride(0), t, t.stride(0),
+        w.codes_u8, w.scales_f16, out, out.stride(0), out.stride(1), part,
+        dd, ds[0], ds[1], ds[2],
+        m, n, groups, st["code_row"], st["code_group"], st["code_off"],
+        st["scale_row"], st["scale_group"], st["scale_off"],
+        BM=16, BN=bn, PER=per, SPLIT=split, SWAP=swap, UNROLL=unroll, PREPARED=prepared,
+        WRITE_DOTS=write_dots, INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
+    if split > 1:
+        reduce_splits(part, out, split, m, n)
+    return out

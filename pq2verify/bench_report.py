@@ -1,0 +1,378 @@
+"""What a bench run shows: one progress line per item, the console tables, and a Markdown report
+with a plot beside it (speedup and percent of bandwidth per shape and M). Reads only the result
+dicts of pq2verify.bench, so a dry run exercises all of it."""
+from pathlib import Path
+
+DASH = "-"
+
+
+# --- cells ------------------------------------------------------------------------------------
+def num(v, digits=1) -> str:
+    if v is None:
+        return DASH
+    return f"{v:,.{digits}f}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def pct(v) -> str:
+    return DASH if v is None else f"{v * 100:.0f}%"
+
+
+def ratio_cell(sp, control=False) -> str:
+    if not sp:
+        return DASH
+    s = f"{sp['median']:.2f}x [{sp['min']:.2f}-{sp['max']:.2f}]"
+    return s + (" A/A" if control else "")
+
+
+def time_cell(side: dict, digits=1) -> str:
+    if side is None:
+        return DASH
+    if side.get("error"):
+        return "ERROR"
+    if side.get("gate") == "BLOCKED":
+        return "BLOCKED"
+    t = side.get("time")
+    return DASH if not t else num(t["median"], digits)
+
+
+def clock_cell(side: dict) -> str:
+    c = (side or {}).get("clocks") or {}
+    sm = c.get("sm_mhz")
+    return DASH if not sm else f"{sm['median']:.0f} ({sm['min']:.0f}-{sm['max']:.0f})"
+
+
+def mem_cell(side: dict) -> str:
+    c = ((side or {}).get("clocks") or {}).get("mem_mhz")
+    return DASH if not c else f"{c['median']:.0f}"
+
+
+def power_cell(side: dict) -> str:
+    c = ((side or {}).get("clocks") or {}).get("power_w")
+    return DASH if not c else f"{c['median']:.0f} (max {c['max']:.0f})"
+
+
+def gate_cell(row: dict) -> str:
+    if row.get("status") == "error":
+        return "ERROR"
+    bad = [s for s, v in (row.get("sides") or {}).items() if v.get("gate") != "PASS"]
+    return "PASS" if not bad else "BLOCKED " + ",".join(bad)
+
+
+def path_cell(row: dict, s: str) -> str:
+    side = (row.get("sides") or {}).get(s) or {}
+    if "paths" in side:   # a step: the distinct paths it ran
+        names = sorted(set(side["paths"].values()))
+        return "+".join(names) if names else DASH
+    return side.get("path", DASH)
+
+
+# --- progress -------------------------------------------------------------------------------
+def progress_line(i: int, n: int, row: dict) -> str:
+    head = f"[{i}/{n}] "
+    st = row.get("status")
+    if st == "error":
+        return head + f"{row['key']}: ERROR {row.get('error')}"
+    if row["kind"] == "bandwidth":
+        if st != "timed":
+            return head + f"bandwidth: {row.get('note', st)}"
+        parts = ", ".join(f"{k} {num(v.get('gbps'), 0)} GB/s" for k, v in row["probes"].items())
+        return head + f"bandwidth: stream read {num(row['stream_read_gbps'], 0)} GB/s ({parts})"
+    sides = row["sides"]
+    what = (f"{row['shape']} {row['n']}x{row['k']} M={row['m']}" if row["kind"] == "shape"
+            else f"decode step M={row['m']} ({row['calls']} calls)")
+    unit = "µs" if row["kind"] == "shape" else "ms"
+    bits = []
+    for s, label in (("a", "A"), ("b", "B"), ("bf16", "BF16")):
+        if s not in sides:
+            continue
+        side = sides[s]
+        cell = f"{label} {path_cell(row, s)} {side['gate']}"
+        if side.get("time"):
+            cell += f" {num(side['time']['median'], 3 if unit == 'ms' else 1)} {unit}"
+        if side.get("error"):
+            cell += " ERROR"
+        bits.append(cell)
+    r = row.get("ratios") or {}
+    if r.get("b_over_a"):
+        bits.append("B/A " + ratio_cell(r["b_over_a"], row.get("control")))
+    if r.get("b_over_bf16"):
+        bits.append("B/BF16 " + ratio_cell(r["b_over_bf16"]))
+    b = sides.get("b", {})
+    if row["kind"] == "shape" and b.get("pct_bw") is not None:
+        bits.append(f"B {pct(b['pct_bw'])} of BW, SM {clock_cell(b)} MHz")
+    if row["kind"] == "step" and b.get("pct_floor") is not None:
+        bits.append(f"B at {pct(b['pct_floor'])} of floor {row['floor_ms']:.3f} ms")
+    if st == "skipped":
+        bits.append(row.get("note", "timing skipped"))
+    return head + what + ": " + " | ".join(bits)
+
+
+# --- tables as rows of cells (shared by the console and Markdown) -----------------------------
+SHAPE_COLS = ("shape", "M", "A path", "B path", "gate", "A µs", "B µs", "B/A", "BF16 µs", "B/BF16",
+              "B GB/s", "B %BW", "B Top/s", "B SM MHz", "mem MHz", "B power W")
+STEP_COLS = ("M", "A paths", "B paths", "gate", "A ms", "B ms", "BF16 ms", "floor ms", "A %floor",
+             "B %floor", "B/A", "B/BF16", "B SM MHz", "B power W")
+
+
+def shape_cells(row: dict) -> list:
+    s = row.get("sides") or {}
+    b, bf = s.get("b") or {}, s.get("bf16")
+    r = row.get("ratios") or {}
+    return [f"{row.get('shape')}", str(row.get("m")), path_cell(row, "a"), path_cell(row, "b"), gate_cell(row),
+            time_cell(s.get("a")), time_cell(b), ratio_cell(r.get("b_over_a"), row.get("control")),
+            time_cell(bf) if bf else DASH, ratio_cell(r.get("b_over_bf16")), num(b.get("gbps"), 0),
+            pct(b.get("pct_bw")), num(b.get("tops"), 0) if (row.get("m") or 0) > 16 and b.get("tops") else DASH,
+            clock_cell(b), mem_cell(b), power_cell(b)]
+
+
+def step_cells(row: dict) -> list:
+    s = row.get("sides") or {}
+    a, b, bf = s.get("a") or {}, s.get("b") or {}, s.get("bf16") or {}
+    r = row.get("ratios") or {}
+    bf_ms = time_cell(bf, 3)
+    if bf.get("method") == "sum" and bf.get("time"):
+        bf_ms += " (sum)"
+    return [str(row.get("m")), path_cell(row, "a"), path_cell(row, "b"), gate_cell(row), time_cell(a, 3),
+            time_cell(b, 3), bf_ms, num(row.get("floor_ms"), 3), pct(a.get("pct_floor")), pct(b.get("pct_floor")),
+            ratio_cell(r.get("b_over_a"), row.get("control")), ratio_cell(r.get("b_over_bf16")),
+            clock_cell(b), power_cell(b)]
+
+
+def _rows(res: dict, kind: str) -> list:
+    """Rows of one kind for display: by shape (in plan order), then M."""
+    rows = [r for r in res["rows"] if r.get("kind") == kind]
+    first = {}
+    for r in rows:
+        first.setdefault(r.get("shape"), len(first))
+    return sorted(rows, key=lambda r: (first[r.get("shape")], r.get("m") or 0))
+
+
+def title(res: dict) -> str:
+    c = res["config"]
+    return f"pq2verify bench: A = {c['a']} vs B = {c['b']} ({c['dtype']}, {c['layout']} weights)"
+
+
+# --- console ------------------------------------------------------------------------------------
+def console_tables(res: dict) -> list:
+    from rich.table import Table
+    out = []
+    for kind, cols, cells, name in (("shape", SHAPE_COLS, shape_cells, "per shape (µs per call)"),
+                                    ("step", STEP_COLS, step_cells, "decode step (ms per step)")):
+        rows = _rows(res, kind)
+        if not rows:
+            continue
+        t = Table(title=f"{title(res)}: {name}")
+        for col in cols:
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            style = "red" if r.get("status") in ("blocked", "error") else None
+            t.add_row(*cells(r) if r.get("status") != "error" else _error_cells(r, len(cols)), style=style)
+        out.append(t)
+    t = Table(title="targets (H200)")
+    for col in ("target", "want", "measured", "met", "gap"):
+        t.add_column(col, overflow="fold")
+    for g in res.get("targets", []):
+        t.add_row(g["target"], g["want"], g["got"], met_cell(g["met"]), g["gap"])
+    out.append(t)
+    return out
+
+
+def _error_cells(r: dict, n: int) -> list:
+    first = [r.get("shape") or DASH, str(r.get("m"))] if r["kind"] == "shape" else [str(r.get("m"))]
+    return first + ["ERROR: " + str(r.get("error"))] + [DASH] * (n - len(first) - 1)
+
+
+def met_cell(met) -> str:
+    return "yes" if met else "NO" if met is False else "not measured"
+
+
+def blocked_lines(res: dict) -> list:
+    """'key side path: reason' for every side whose gate failed."""
+    out = []
+    for r in res["rows"]:
+        for s, side in (r.get("sides") or {}).items():
+            if side.get("gate") == "BLOCKED":
+                rep = (side.get("checks") or {}).get("repro")
+                out.append(f"{r['key']} {s} {path_cell(r, s)}: {side.get('reason')}"
+                           + (f" (reproduce: {rep})" if rep else ""))
+    return out
+
+
+def summary_lines(res: dict) -> list:
+    out = []
+    bw = res.get("stream_read_gbps")
+    out.append(f"streaming read bandwidth (this run): {num(bw, 0)} GB/s" if bw else
+               f"streaming read bandwidth: not measured ({res.get('note', 'no GPU')})")
+    for p in sorted(res.get("tuned_vs_legacy", []), key=lambda p: (p["shape"], p["m"])):
+        if p["slower"]:
+            out.append(f"{p['tuned']} vs {p['legacy']} at {p['shape']} M={p['m']}: {ratio_cell(p['speedup'])} "
+                       f"-> slower than legacy: remove from tuned selection"
+                       + (" (range crosses 1: confirm with a fresh run)" if p["within_noise"] else ""))
+    for line in blocked_lines(res):
+        out.append("BLOCKED " + line)
+    for r in res["rows"]:
+        if r.get("status") == "error":
+            out.append(f"ERROR {r['key']}: {r.get('error')}")
+        for s, side in (r.get("sides") or {}).items():
+            if side.get("error"):
+                out.append(f"ERROR {r['key']} {s}: {side['error']}")
+    if res.get("not_run"):
+        out.append(f"not run (budget of {res['config'].get('budget_s')} s spent; --resume continues): "
+                   + ", ".join(res["not_run"]))
+    if res.get("resumed"):
+        out.append(f"resumed from the JSON lines file: {len(res['resumed'])} items")
+    return out
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+def _md_table(cols, rows) -> list:
+    esc = [[str(c).replace("|", "\\|") for c in r] for r in rows]
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(r) + " |" for r in esc]
+
+
+def _side_clock_rows(res: dict) -> list:
+    out = []
+    for r in res["rows"]:
+        for s, side in (r.get("sides") or {}).items():
+            if side.get("clocks"):
+                n = side["clocks"].get("n", 0)
+                out.append([r["key"], s, path_cell(r, s), clock_cell(side), mem_cell(side), power_cell(side), str(n)])
+    return out
+
+
+def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
+    h = res["header"]
+    prov = h.get("provenance", {})
+    c = res["config"]
+    L = [f"# {title(res)}", ""]
+    L += [f"- backend: {prov.get('backend', '?')}; torch {prov.get('torch', '?')}, triton {prov.get('triton', '?')}; "
+          f"commit {prov.get('commit', '?')}; {prov.get('date', '')}",
+          f"- NVML clocks and power: {prov.get('nvml', 'n/a')}; start clocks: SM {prov.get('sm_clock_mhz', '?')} MHz, "
+          f"memory {prov.get('mem_clock_mhz', '?')} MHz, {prov.get('power_w', '?')} W",
+          f"- settings: {c['pairs']} alternating rounds after {c['warmup']} warm-up, weights rotated through >= "
+          f"{c['rotate_gb']} GB of copies, samples of >= {c['min_sample_ms']} ms, gate reruns {c['reruns']}, "
+          f"budget {c['budget_s']} s; ran {res.get('elapsed_s', 0):.0f} s"]
+    for line in summary_lines(res):
+        L.append(f"- {line}")
+    L += ["", "## Targets (H200)", ""]
+    L += _md_table(("target", "want", "measured", "met", "gap"),
+                   [[g["target"], g["want"], g["got"], met_cell(g["met"]), g["gap"]] for g in res.get("targets", [])])
+    pairs = res.get("tuned_vs_legacy", [])
+    if pairs:
+        L += ["", "## Tuned paths against their legacy counterparts", ""]
+        L += _md_table(("shape", "M", "tuned", "legacy", "speedup [range]", "verdict"),
+                       [[p["shape"], p["m"], p["tuned"], p["legacy"], ratio_cell(p["speedup"]),
+                         p["verdict"] + (" (range crosses 1)" if p["within_noise"] else "")]
+                        for p in sorted(pairs, key=lambda p: (p["shape"], p["m"]))])
+    bwr = next((r for r in res["rows"] if r.get("kind") == "bandwidth"), None)
+    if bwr and bwr.get("probes"):
+        L += ["", "## Bandwidth (measured in this run)", ""]
+        L += _md_table(("probe", "bytes", "µs", "GB/s", "SM MHz"),
+                       [[k, num(v.get("bytes", 0) / 1e9, 2) + " GB", num((v.get("us") or {}).get("median")),
+                         num(v.get("gbps"), 0), clock_cell(v)] if "error" not in v else [k, "-", "-", v["error"], "-"]
+                        for k, v in bwr["probes"].items()])
+    steps = _rows(res, "step")
+    if steps:
+        L += ["", "## Decode step (257 PQ2 projections in model order, one graph, distinct weights)", ""]
+        L += _md_table(STEP_COLS, [step_cells(r) if r.get("status") != "error" else _error_cells(r, len(STEP_COLS))
+                                   for r in steps])
+        notes = {r["sides"]["bf16"].get("note") for r in steps if r.get("sides") and r["sides"]["bf16"].get("note")}
+        meth = {r["sides"]["bf16"].get("method") for r in steps if r.get("sides")}
+        gb = steps[0].get("bf16_bytes", 0) / 1e9
+        graph = f"one graph of 257 distinct bf16 weight copies ({gb:.1f} GB)"
+        L += ["", "BF16 step: " + (graph if "graph" in meth else "")
+              + ("; " if "graph" in meth and "sum" in meth else "")
+              + ("sum of the per-shape cuBLAS medians of this run times the calls per step" if "sum" in meth else "")]
+        L += [f"- {n}" for n in sorted(notes)]
+    shapes = _rows(res, "shape")
+    if shapes:
+        L += ["", "## Per shape (µs per call; B/A = A time / B time per round, median [min-max])", ""]
+        L += _md_table(SHAPE_COLS, [shape_cells(r) if r.get("status") != "error" else _error_cells(r, len(SHAPE_COLS))
+                                    for r in shapes])
+    clocks = _side_clock_rows(res)
+    if clocks:
+        L += ["", "## Clocks and power during each measurement (NVML)", ""]
+        L += _md_table(("item", "side", "path", "SM MHz median (min-max)", "mem MHz", "power W", "readings"), clocks)
+    blocked = blocked_lines(res)
+    if blocked:
+        L += ["", "## Blocked: numerics gate failed, no speed reported", ""] + [f"- {b}" for b in blocked]
+    L += ["", "## Method", "",
+          "- Gate: before timing, checks.evaluate runs on the same x and weight that are timed (relative RMS "
+          "against the FP64 references on sampled rows, integer group dots, exactness claims, every output "
+          "written, reruns identical). The cuBLAS baseline is gated against FP64 of its own decoded matrix.",
+          "- Paths: each side runs pq2_matmul(kernels=A or B) once under dispatch.trace(); the traced path is "
+          "gated and timed (its run(x, w, out=y)). Same path on both sides: a control (A/A) ratio.",
+          "- Timing: one CUDA graph per contestant holding one call per weight copy (byte-identical clones at "
+          "distinct addresses, >= the rotation size, so L2 never holds the weight); replays timed with CUDA "
+          "events; rounds A B BF16, BF16 B A, ...; per-round ratios.",
+          "- GB/s counts weight bytes only (PQ2: N*K/128*34; BF16: N*K*2); %BW is against the faster read "
+          "probe of this run. Top/s = 2*M*N*K / time. Floor = step weight bytes / that bandwidth.",
+          "- Noise between identical controls reached 12% in earlier work (SPEC §8): a ratio whose range "
+          "crosses 1 needs a fresh run."]
+    if png_name:
+        L += ["", f"![speedup and percent of bandwidth]({png_name})"]
+    elif plot_note:
+        L += ["", f"(no plot: {plot_note})"]
+    return "\n".join(L) + "\n"
+
+
+# --- plot -----------------------------------------------------------------------------------------
+def plot(res: dict, png: Path) -> str:
+    """Left: speedup of B over A (solid) and over cuBLAS BF16 (dashed) per shape against M.
+    Right: B's percent of the streaming read bandwidth per shape, and the step's percent of its
+    floor. Returns '' when written, else why not."""
+    rows = [r for r in _rows(res, "shape") if (r.get("ratios") or {}).get("b_over_a")]
+    steps = [r for r in _rows(res, "step") if (r["sides"].get("b") or {}).get("pct_floor")]
+    if not rows and not steps:
+        return "no timed rows"
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed"
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    names = sorted({r["shape"] for r in rows})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, nm in enumerate(names):
+        col = colors[i % len(colors)]
+        pts = sorted((r for r in rows if r["shape"] == nm), key=lambda r: r["m"])
+        ms = [r["m"] for r in pts]
+        med = [r["ratios"]["b_over_a"]["median"] for r in pts]
+        err = [[m - r["ratios"]["b_over_a"]["min"] for m, r in zip(med, pts)],
+               [r["ratios"]["b_over_a"]["max"] - m for m, r in zip(med, pts)]]
+        ax1.errorbar(ms, med, yerr=err, marker="o", capsize=3, color=col, label=nm)
+        bf = [(r["m"], r["ratios"]["b_over_bf16"]["median"]) for r in pts if r["ratios"].get("b_over_bf16")]
+        if bf:
+            ax1.plot(*zip(*bf), ls="--", marker=".", color=col, alpha=0.7)
+        bw = [(r["m"], r["sides"]["b"]["pct_bw"] * 100) for r in pts if r["sides"]["b"].get("pct_bw") is not None]
+        if bw:
+            ax2.plot(*zip(*bw), marker="o", color=col, label=nm)
+    if steps:
+        ax2.plot([r["m"] for r in steps], [r["sides"]["b"]["pct_floor"] * 100 for r in steps],
+                 "k--", marker="s", label="decode step (% of floor)")
+    c = res["config"]
+    ax1.axhline(1.0, color="grey", ls=":")
+    ax1.set(xscale="log", xlabel="M (rows)", ylabel="speedup (x)",
+            title=f"B={c['b']} over A={c['a']} (solid), over cuBLAS BF16 (dashed)")
+    ax2.set(xscale="log", xlabel="M (rows)", ylabel="% of streaming read bandwidth",
+            title=f"B={c['b']}: weight bytes / time")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return ""
+
+
+def write(res: dict, md_path: Path) -> tuple:
+    """The Markdown report and its PNG beside it (same name, .png). Returns (md, png or None)."""
+    md_path = Path(md_path)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    png = md_path.with_suffix(".png")
+    note = plot(res, png)
+    md_path.write_text(markdown(res, None if note else png.name, note))
+    return md_path, (None if note else png)

@@ -1,0 +1,253 @@
+"""Golden captures (pq2verify.golden): every captured case of this backend recomputed, output
+bytes identical. A missing capture skips with how to make one; a capture that does not match
+its manifest is an error; a source change with identical output is reported as a warning.
+The rest tests the machinery itself on throwaway captures (tmp_path)."""
+import json
+import os
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+from pq2verify import backend, cli, golden, golden_model, registry
+
+pytestmark = [pytest.mark.golden, pytest.mark.exact]
+
+DEVICE = backend.select(os.environ.get("PQ2_DEVICE", "auto")) if backend._chosen is None else backend.device()
+KEY = backend.golden_key()
+DIR = golden.default_dir(KEY)
+
+
+def _load():
+    try:
+        return golden.load(DIR), None
+    except golden.NoCapture as e:
+        return None, ("skip", str(e))
+    except golden.GoldenIntegrityError as e:
+        return None, ("error", str(e))
+
+
+G, PROBLEM = _load()
+ENTRIES = G.manifest["cases"] if G else []
+
+
+@pytest.fixture(scope="module")
+def stored():
+    return golden._Inputs(G)
+
+
+def test_capture_present_and_intact():
+    if PROBLEM and PROBLEM[0] == "skip":
+        pytest.skip(PROBLEM[1])
+    assert PROBLEM is None, f"golden capture {DIR} is broken: {PROBLEM[1]}"
+    m = G.manifest
+    assert m["backend_key"] == KEY
+    for f in ("torch", "triton", "commit", "date", "backend"):
+        assert m.get(f), f"manifest lacks {f}"
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["id"] for e in ENTRIES])
+def test_golden_case(entry, stored):
+    o = golden.verify_entry(G, stored, entry, DEVICE)
+    assert o.ok, o.message() + f"\n  reproduce: pq2verify golden verify --case '{entry['id']}'"
+    if o.source_changed:
+        warnings.warn(golden.SourceChangedOutputIdentical(f"{entry['path']}: source changed, output identical "
+                                                          f"({', '.join(o.source_changed)})"))
+
+
+def test_every_path_is_captured():
+    if G is None:
+        pytest.skip(PROBLEM[1])
+    missing = sorted(set(registry.BY_NAME) - {e["path"] for e in ENTRIES})
+    assert not missing, f"no golden cases for {missing}: {golden.capture_hint(KEY)} --paths {','.join(missing)}"
+
+
+def test_captures_are_small():
+    total = sum(f.stat().st_size for f in golden.GOLDEN.rglob("*") if f.is_file())
+    assert total < 20e6, f"golden/ holds {total / 1e6:.1f} MB (keep it well under 20 MB)"
+
+
+# --- the machinery, on throwaway captures ----------------------------------------------------
+SMALL = [[c for c in golden.cases(KEY, [p]) if c.layout == "raw" and c.dtype == "bf16"][0] for p in ("native", "single")]
+
+
+@pytest.fixture(scope="module")
+def capture_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("golden") / KEY
+    golden.capture(d, SMALL, DEVICE, log=lambda s: None)
+    return d
+
+
+def _copy(src, tmp_path):
+    import shutil
+    d = tmp_path / src.name
+    shutil.copytree(src, d)
+    return d
+
+
+def test_roundtrip(capture_dir):
+    g = golden.load(capture_dir)
+    assert [e["id"] for e in g.manifest["cases"]] == [c.id for c in SMALL]
+    assert all(o.ok and not o.source_changed for o in golden.verify(g, DEVICE))
+    src = g.manifest["paths"]["single"]["source"]["files"]
+    assert {"kernels/single.py", "kernels/common.py", "kernels/prepare.py"} <= set(src)
+
+
+def test_missing_capture_skips_saying_how(tmp_path, capsys):
+    with pytest.raises(golden.NoCapture, match=r"no golden capture for backend 'sm90'.*golden capture"):
+        golden.load(tmp_path / "sm90")
+    assert cli.main(["golden", "verify", "--dir", str(tmp_path / "x")]) == 0
+    assert "SKIP: no golden capture" in capsys.readouterr().out
+    assert cli.main(["golden", "verify", "--dir", str(tmp_path / "x"), "--strict"]) == 1
+
+
+def test_tampered_file_is_an_error_never_a_pass(capture_dir, tmp_path, capsys):
+    d = _copy(capture_dir, tmp_path)
+    f = d / "single.safetensors"
+    b = bytearray(f.read_bytes())
+    b[-1] ^= 1
+    f.write_bytes(bytes(b))
+    with pytest.raises(golden.GoldenIntegrityError, match=r"single.safetensors: sha256 .* does not match"):
+        golden.load(d)
+    assert cli.main(["golden", "verify", "--dir", str(d)]) == 1
+    assert "ERROR" in capsys.readouterr().out
+
+
+def test_missing_file_is_an_error(capture_dir, tmp_path):
+    d = _copy(capture_dir, tmp_path)
+    (d / "native.safetensors").unlink()
+    with pytest.raises(golden.GoldenIntegrityError, match=r"listed in the manifest but missing"):
+        golden.load(d)
+
+
+def test_regenerated_weight_must_match_its_hash(capture_dir, tmp_path):
+    d = _copy(capture_dir, tmp_path)
+    man = json.loads((d / "manifest.json").read_text())
+    for meta in man["weights"].values():
+        meta["sha256"] = "0" * 64
+    (d / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(golden.GoldenIntegrityError, match=r"weight .* has sha256 .* the capture recorded 0000"):
+        golden.verify(golden.load(d), DEVICE)
+
+
+def test_one_ulp_change_fails(capture_dir, monkeypatch):
+    """A kernel whose output moves by one ulp in one element is caught, with the place."""
+    real = registry.Path.kernel
+
+    def kernel(self):
+        run = real(self)
+
+        def nudged(x, w, *, out=None, dots=None):
+            y = run(x, w, out=out)
+            y.view(torch.int16)[0, 3] += 1
+            return y
+        return nudged
+
+    monkeypatch.setattr(registry.Path, "kernel", kernel)
+    res = golden.verify(golden.load(capture_dir), DEVICE)
+    assert res and all(o.status == "different" for o in res)
+    assert "1 of" in res[0].detail and "first at [0, 3]" in res[0].detail and "max 1 ulp" in res[0].detail
+
+
+def test_source_changed_output_identical_is_reported(capture_dir, tmp_path, capsys):
+    d = _copy(capture_dir, tmp_path)
+    man = json.loads((d / "manifest.json").read_text())
+    man["paths"]["single"]["source"]["files"]["kernels/single.py"] = "f" * 64
+    (d / "manifest.json").write_text(json.dumps(man))
+    res = golden.verify(golden.load(d), DEVICE)
+    single = [o for o in res if o.case.path == "single"]
+    assert single and all(o.ok and o.source_changed == ["kernels/single.py"] for o in single)
+    assert "source changed, output identical: kernels/single.py" in single[0].message()
+    assert cli.main(["golden", "verify", "--dir", str(d)]) == 0
+    assert "single: source changed, output identical" in capsys.readouterr().out
+
+
+def test_recapture_of_one_path_keeps_the_others(capture_dir, tmp_path):
+    d = _copy(capture_dir, tmp_path)
+    golden.capture(d, [c for c in SMALL if c.path == "single"], DEVICE, log=lambda s: None)
+    g = golden.load(d)
+    assert sorted(e["id"] for e in g.manifest["cases"]) == sorted(c.id for c in SMALL)
+    assert all(o.ok for o in golden.verify(g, DEVICE))
+
+
+def test_capture_refuses_a_wrong_answer(tmp_path, monkeypatch):
+    real = registry.Path.kernel
+
+    def kernel(self):
+        run = real(self)
+        return lambda x, w, *, out=None, dots=None: run(x, w, out=out).mul_(1.01)
+
+    monkeypatch.setattr(registry.Path, "kernel", kernel)
+    man = golden.capture(tmp_path / KEY, SMALL[:1], DEVICE, log=lambda s: None)
+    assert not man["cases"] and "relative RMS" in man["refused"][0]["why"]
+
+
+# --- the model hook ------------------------------------------------------------------------
+def test_model_capture_without_a_runner_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, golden_model.RUNNER, None)      # import fails as if absent
+    with pytest.raises(golden_model.ModelRunnerMissing, match=r"pq2verify.gsm8k.model is not there.*\n.*must provide"):
+        golden_model.capture_model(tmp_path, DEVICE)
+    assert cli.main(["golden", "capture", "--model", "--dir", str(tmp_path)]) == 2
+    assert "prepare(path, digits, device)" in capsys.readouterr().err
+
+
+def _fake_runner():
+    """A two-layer 'model' with a KV-cache-like interface meeting golden_model.CONTRACT; its
+    up and gate projections share one stacked weight, as the real runner's siblings do."""
+    from pq2verify import dispatch, graphs
+
+    class Stack:
+        def __init__(self, seed):
+            _, self.w = graphs.make_inputs("native", 1, 256, 128, seed=seed, device=DEVICE)
+
+    class Proj(torch.nn.Module):
+        def __init__(self, stack, part):
+            super().__init__()
+            self.stack, self.part = stack, part
+
+        def forward(self, x):
+            return dispatch.pq2_matmul(x, self.stack.w).split(128, -1)[self.part]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            s = Stack(1)
+            self.up, self.gate = Proj(s, 0), Proj(s, 1)
+            self.down = Proj(Stack(2), 0)
+
+        def forward(self, input_ids, past_key_values=None, use_cache=True):
+            h = torch.cos(input_ids.float()[..., None] + torch.arange(128, device=DEVICE)).bfloat16()[0]
+            y = self.down(self.up(h) * self.gate(h) / 4)
+            logits = y.float()[None]
+            return types.SimpleNamespace(logits=logits, past_key_values=past_key_values)
+
+    class Tok:
+        def __call__(self, text, return_tensors="pt"):
+            return types.SimpleNamespace(input_ids=torch.tensor([[3, 1, 4]]))
+
+    mod = types.ModuleType(golden_model.RUNNER)
+    mod.prepare = lambda path, digits, device: types.SimpleNamespace(model=Model().to(device), tokenizer=Tok())
+    return mod
+
+
+def test_model_capture_with_a_runner(tmp_path, monkeypatch):
+    mod = _fake_runner()
+    monkeypatch.setitem(sys.modules, golden_model.RUNNER, mod)
+    man = golden_model.capture_model(tmp_path, DEVICE, positions=(0, 2, 3), log=lambda s: None)
+    assert sorted((r["layer"], r["position"]) for r in man["records"]) == \
+        sorted((n, p) for n in ("up+gate", "down") for p in (0, 2, 3))
+    assert {r["path"] for r in man["records"]} == {"small_mma", "single"}      # the prompt: M=3; decode: M=1
+    res = golden_model.verify_model(tmp_path, DEVICE)
+    assert res and all(r[1] == "identical" for r in res), res
+    # another model (a weight changed) is reported, not compared
+    real = mod.prepare
+
+    def changed(path, digits, device):
+        conv = real(path, digits, device)
+        conv.model.down.stack.w.data[0] ^= 1
+        return conv
+
+    mod.prepare = changed
+    assert any(r[1] == "error" and "weight differs" in r[2] for r in golden_model.verify_model(tmp_path, DEVICE))
