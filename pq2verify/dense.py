@@ -1,8 +1,12 @@
 """The legacy dense path: torch.matmul (cuBLAS on CUDA) on an unquantized matrix."""
 import torch
 
+from pq2verify import validate
 
-def run(x, w, *, out=None, dots=None):
+
+def run(x, w, *, out=None, dots=None, check=True):
+    if check:  # pq2_matmul has validated already and passes check=False
+        validate.kernel_args("cublas", x, w, out, dots)
     y = torch.matmul(x, w.t())
     if out is not None:
         out.copy_(y)
