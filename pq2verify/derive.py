@@ -35,6 +35,7 @@ def derive_exact(shapes: str, device, console) -> int:
     dispatch.VERIFIED_DIR.mkdir(exist_ok=True)
     out = dispatch.VERIFIED_DIR / f"exact-{key}.json"
     out.write_text(json.dumps({"provenance": prov, "shapes": shapes, "paths": result}, indent=1) + "\n")
+    dispatch.clear_cache()
     console.print(f"wrote {out}; exact set on {key}: tuned paths "
                   f"{sorted(n for n, r in result.items() if r['held']) or 'none'} + legacy")
     # A path that claims bit-identity and fails it is a failure, not just 'not in exact'.

@@ -102,14 +102,36 @@ def _usable(p: registry.Path, m: int, x: torch.Tensor, layout: str, k: int) -> b
     return True
 
 
+_resolved: dict = {}
+
+
+def clear_cache() -> None:
+    """Forget resolved paths (after the exact set was re-derived, or in tests)."""
+    _resolved.clear()
+
+
+def _env_key() -> tuple:
+    # A new variable (a typo'd switch too) changes the count, so it is rescanned and refused.
+    env = os.environ
+    return (len(env), env.get(ENV_SET)) + tuple(env.get(p.env) for p in registry.PATHS)
+
+
 def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
+    """The set's path for this call. Cached by everything the choice depends on (shapes,
+    dtype, layout, device, the M ranges it falls in, the switches), never by a data pointer."""
     kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
     layout = "dense" if kind == "dense" else w.layout
     k = x.shape[-1]
-    for p in candidates(kset, kind, backend_key(x.device)):
-        if _usable(p, m, x, layout, k):
-            return p
-    raise ValueError(f"no path of kernel set {kset!r} serves M={m}, dtype={x.dtype}, layout={layout}")
+    key = (kset, kind, layout, x.dtype, k, x.device, tuple(p.serves(m) for p in registry.PATHS), _env_key())
+    p = _resolved.get(key)
+    if p is None:
+        for p in candidates(kset, kind, backend_key(x.device)):
+            if _usable(p, m, x, layout, k):
+                break
+        else:
+            raise ValueError(f"no path of kernel set {kset!r} serves M={m}, dtype={x.dtype}, layout={layout}")
+        _resolved[key] = p
+    return p
 
 
 def validate(x, w) -> None:

@@ -33,11 +33,19 @@ def test_deselected_tuned_path_stays_reachable_by_its_switch(monkeypatch):
     assert _resolve(17, "legacy") == "mmq_planes"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_resolution():
+    dispatch.clear_cache()
+    yield
+    dispatch.clear_cache()
+
+
 def test_exact_set_uses_only_verified_paths(monkeypatch):
     monkeypatch.setattr(dispatch, "verified_exact", lambda key: set())
     assert _resolve(1, "exact") == "int_gemv"
     assert _resolve(4, "exact") == "int_gemv"
     monkeypatch.setattr(dispatch, "verified_exact", lambda key: {"single"})
+    dispatch.clear_cache()
     assert _resolve(1, "exact") == "single"
     assert _resolve(4, "exact") == "int_gemv"
 
@@ -107,3 +115,14 @@ def test_m_zero_returns_empty_without_a_launch():
     with dispatch.trace() as t:
         y = pq2_matmul(torch.zeros(0, 128, dtype=torch.bfloat16), w)
     assert y.shape == (0, 8) and not t
+
+
+def test_cached_resolution_follows_switches_set_later(monkeypatch):
+    assert _resolve(1, "tuned") == "single"
+    monkeypatch.setenv("PQ2_PATH_SINGLE", "off")
+    assert _resolve(1, "tuned") == "int_gemv"
+    monkeypatch.delenv("PQ2_PATH_SINGLE")
+    assert _resolve(1, "tuned") == "single"
+    monkeypatch.setenv("PQ2_PATH_SINGLE_", "off")
+    with pytest.raises(ValueError, match="no such path"):
+        _resolve(1, "tuned")
