@@ -126,3 +126,11 @@ def test_cached_resolution_follows_switches_set_later(monkeypatch):
     monkeypatch.setenv("PQ2_PATH_SINGLE_", "off")
     with pytest.raises(ValueError, match="no such path"):
         _resolve(1, "tuned")
+
+
+def test_nested_traces_with_equal_counts_close_cleanly():
+    with dispatch.trace() as outer:
+        with dispatch.trace() as inner:
+            pass
+        assert inner == outer
+    assert not any(t is outer or t is inner for t in dispatch._traces)

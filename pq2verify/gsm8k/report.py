@@ -1,0 +1,194 @@
+"""The A/B comparison and its Markdown/JSON report.
+
+For two runs over the same questions: each run's score; how many answers are identical; for
+every question whose answer differs, its class (right->wrong, wrong->right, both wrong), the
+first differing generated token, the shared prefix, and at that step the log-probability
+margin between the two choices in each run:
+    margin_A = logp_A(token A chose) - logp_A(token B chose)   (>= 0: A's choice was A's argmax)
+    margin_B = logp_B(token B chose) - logp_B(token A chose)
+A flip whose larger margin is under NEAR_TIE nats is a near-tie flip (two choices that were
+practically tied, flipped by rounding); otherwise a real divergence. When the other run's token
+is outside the recorded top-k, the margin is at least top1 - topk and is reported as a bound.
+The first step whose log-probabilities differ at all (numeric_step) says where the arithmetic
+first changed the model's state; a flip many steps later with large margins means the states
+drifted apart (one rounding flip amplified, e.g. by a Q8 code crossing a rounding boundary).
+"""
+from . import extract
+
+NEAR_TIE = 0.1     # nats; bf16 activations alone move logits by ~1e-2 over a 30-layer model
+
+
+def _lp(step, token):
+    for t, v in step:
+        if t == token:
+            return v
+    return None
+
+
+def numeric_divergence(sa: list, sb: list, upto: int) -> dict:
+    """The first step whose recorded log-probabilities differ at all (<= the first differing
+    token): where the arithmetic first changed the model's state, which may be well before the
+    argmax flips. Also the largest |delta logprob| over the shared top-k tokens there."""
+    for s in range(min(upto + 1, len(sa), len(sb))):
+        if sa[s] != sb[s]:
+            da, db = dict(map(tuple, sa[s])), dict(map(tuple, sb[s]))
+            common = set(da) & set(db)
+            return {"numeric_step": s,
+                    "numeric_delta": max((abs(da[t] - db[t]) for t in common), default=None)}
+    return {"numeric_step": None, "numeric_delta": None}
+
+
+def divergence(ra: dict, rb: dict, near_tie: float = NEAR_TIE) -> dict | None:
+    """First differing token of two generations and the margins there; None if identical."""
+    ta, tb = ra["tokens"], rb["tokens"]
+    i = 0
+    n = min(len(ta), len(tb))
+    while i < n and ta[i] == tb[i]:
+        i += 1
+    if i == n and len(ta) == len(tb):
+        return None
+    out = {"step": i, "token_a": ta[i] if i < len(ta) else None, "token_b": tb[i] if i < len(tb) else None}
+    out.update(numeric_divergence(ra.get("topk") or [], rb.get("topk") or [], i))
+    margins = []
+    for key, r, mine, other in (("a", ra, out["token_a"], out["token_b"]), ("b", rb, out["token_b"], out["token_a"])):
+        steps = r.get("topk") or []
+        if i >= len(steps) or mine is None or other is None:
+            out[f"margin_{key}"], out[f"margin_{key}_bound"] = None, False
+            continue
+        top = steps[i]
+        lp_mine = _lp(top, mine)
+        lp_other = _lp(top, other)
+        if lp_mine is not None and lp_other is not None:
+            out[f"margin_{key}"], out[f"margin_{key}_bound"] = lp_mine - lp_other, False
+        elif lp_mine is not None:
+            out[f"margin_{key}"], out[f"margin_{key}_bound"] = lp_mine - top[-1][1], True
+        else:
+            out[f"margin_{key}"], out[f"margin_{key}_bound"] = None, False
+        if out[f"margin_{key}"] is not None:
+            margins.append((out[f"margin_{key}"], out[f"margin_{key}_bound"]))
+    if i >= n:
+        out["kind"] = "length"          # one stopped where the other went on (same tokens so far)
+    elif margins and all(not b for _, b in margins) and max(m for m, _ in margins) < near_tie:
+        out["kind"] = "near-tie"
+    else:
+        out["kind"] = "real"
+    return out
+
+
+def answer_class(ra: dict, rb: dict) -> str | None:
+    """None if the answers are the same; else right->wrong, wrong->right or both wrong."""
+    a, b = ra.get("answer"), rb.get("answer")
+    if (a is None and b is None) or extract.same(a, b):
+        return None
+    if ra["correct"] and not rb["correct"]:
+        return "right->wrong"
+    if rb["correct"] and not ra["correct"]:
+        return "wrong->right"
+    return "both wrong"
+
+
+def summarize(recs: dict) -> dict:
+    n = len(recs)
+    c = sum(1 for r in recs.values() if r["correct"])
+    inv = sum(1 for r in recs.values() if r["invalid"])
+    sinv = sum(1 for r in recs.values() if r["strict_invalid"])
+    toks = sum(len(r["tokens"]) for r in recs.values())
+    return {"n": n, "correct": c, "accuracy": c / n if n else 0.0, "invalid": inv,
+            "invalid_rate": inv / n if n else 0.0, "strict_invalid": sinv,
+            "strict_invalid_rate": sinv / n if n else 0.0, "tokens": toks}
+
+
+def compare(a: dict, b: dict, *, decode=None, near_tie: float = NEAR_TIE) -> dict:
+    """a, b: id -> record. decode: token ids -> text (for the shared prefix and the tokens)."""
+    ids = sorted(set(a) & set(b))
+    diffs, text_only = [], []
+    same_tokens = 0
+    for q in ids:
+        ra, rb = a[q], b[q]
+        dv = divergence(ra, rb, near_tie)
+        if dv is None:
+            same_tokens += 1
+            continue
+        cls = answer_class(ra, rb)
+        if decode is not None:
+            dv["prefix"] = decode(ra["tokens"][:dv["step"]])
+            dv["text_a"] = decode([dv["token_a"]]) if dv["token_a"] is not None else "(stopped)"
+            dv["text_b"] = decode([dv["token_b"]]) if dv["token_b"] is not None else "(stopped)"
+        row = {"id": q, "class": cls, "answer_a": ra.get("answer"), "answer_b": rb.get("answer"),
+               "correct_a": ra["correct"], "correct_b": rb["correct"], **dv}
+        (diffs if cls else text_only).append(row)
+    counts = {k: sum(1 for d in diffs if d["class"] == k) for k in ("right->wrong", "wrong->right", "both wrong")}
+    kinds = {k: sum(1 for d in diffs if d["kind"] == k) for k in ("near-tie", "real", "length")}
+    return {"n": len(ids), "identical_answers": len(ids) - len(diffs), "identical_generations": same_tokens,
+            "answer_diffs": len(diffs), "by_class": counts, "by_kind": kinds,
+            "text_only_diffs": len(text_only),
+            "text_only_by_kind": {k: sum(1 for d in text_only if d["kind"] == k) for k in ("near-tie", "real", "length")},
+            "diffs": diffs, "text_only": text_only, "near_tie_nats": near_tie}
+
+
+def _m(v, bound):
+    if v is None:
+        return "n/a"
+    return (">=" if bound else "") + f"{v:.4f}"
+
+
+def _numeric(d: dict) -> str:
+    if d.get("numeric_step") is None:
+        return "n/a"
+    delta = d.get("numeric_delta")
+    return f"{d['numeric_step']}, {delta:.3g}" if delta is not None else f"{d['numeric_step']}, n/a"
+
+
+def _esc(s: str, n: int = 80) -> str:
+    s = s.replace("\n", "\\n").replace("|", "\\|")
+    return s if len(s) <= n else "…" + s[-n:]
+
+
+def markdown(rep: dict) -> str:
+    L = [f"# GSM8K answer diff: {rep['a']['label']} vs {rep['b']['label']}", ""]
+    L += [f"- model: {rep['model']['id']} ({rep['model']['digits']} balanced-ternary digit(s)"
+          f"{', already ternary: lossless' if rep['model']['ternary'] else ''}; weight relative RMS error "
+          f"{rep['model']['rel_rms']:.4g}, worst projection {rep['model']['max_rel_rms']:.4g})",
+          f"- data: {rep['data']['source']}, {rep['data']['n']} questions; prompt {rep['data']['format']}, "
+          f"{rep['data']['shots']} shot(s) from train; max new tokens {rep['data']['max_new_tokens']}, "
+          f"batch {rep['data']['batch_size']}",
+          f"- backend: {rep['backend']}" + (f" ({rep['cpu_threads']} CPU thread(s), GEMM {rep.get('emulation_gemm')})"
+                                             if rep.get("cpu_threads") else "")
+          + f"; near-tie threshold {rep['compare']['near_tie_nats']} nats", ""]
+    L += ["| run | kernels | score | invalid | strict invalid | tokens | tok/s | paths (calls) | M seen |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rep["runs"]:
+        s = r["summary"]
+        paths = ", ".join(f"{k} {v}" for k, v in sorted(r["trace"].items()))
+        ms = "; ".join(f"{k}: {v}" for k, v in sorted(r["m_seen"].items()))
+        L.append(f"| {r['label']} | `{r['spec']}` | {s['correct']}/{s['n']} ({100 * s['accuracy']:.1f}%) | "
+                 f"{s['invalid']} ({100 * s['invalid_rate']:.1f}%) | {s['strict_invalid']} | {s['tokens']} | "
+                 f"{r.get('tok_per_s') or 0:.1f} | {paths} | {ms} |")
+    c = rep["compare"]
+    L += ["", "## A vs B", "",
+          f"- identical answers: **{c['identical_answers']}/{c['n']}**; identical generations "
+          f"(every token): {c['identical_generations']}/{c['n']}",
+          f"- answers that differ: **{c['answer_diffs']}** (right->wrong {c['by_class']['right->wrong']}, "
+          f"wrong->right {c['by_class']['wrong->right']}, both wrong {c['by_class']['both wrong']}); "
+          f"near-tie flips {c['by_kind']['near-tie']}, real divergences {c['by_kind']['real']}",
+          f"- generations that differ with the same answer: {c['text_only_diffs']} "
+          f"(near-tie {c['text_only_by_kind']['near-tie']}, real {c['text_only_by_kind']['real']})"]
+    if rep.get("control"):
+        k = rep["control"]
+        L += [f"- control A/A: identical answers {k['identical_answers']}/{k['n']}, identical generations "
+              f"{k['identical_generations']}/{k['n']}, answers that differ {k['answer_diffs']}"]
+    for title, rows in (("Answers that differ", c["diffs"]), ("Same answer, different text", c["text_only"])):
+        if not rows:
+            continue
+        L += ["", f"### {title}", "",
+              "| id | class | A answer | B answer | step | A token | B token | margin A | margin B | kind | "
+              "logprobs first differ (step, max delta) | shared prefix (end) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for d in rows:
+            L.append(f"| {d['id']} | {d['class'] or 'same'} | {d['answer_a']} | {d['answer_b']} | {d['step']} | "
+                     f"`{_esc(d.get('text_a', str(d['token_a'])), 20)}` | `{_esc(d.get('text_b', str(d['token_b'])), 20)}` | "
+                     f"{_m(d['margin_a'], d['margin_a_bound'])} | {_m(d['margin_b'], d['margin_b_bound'])} | "
+                     f"{d['kind']} | {_numeric(d)} | {_esc(d.get('prefix', ''))} |")
+    if rep.get("errors"):
+        L += ["", "## Errors", ""] + [f"- {e}" for e in rep["errors"]]
+    return "\n".join(L) + "\n"

@@ -1,0 +1,138 @@
+"""Run configurations, run directories and the crash-safe generations file.
+
+A run's directory is keyed by a hash of everything that decides its generations (model and
+digits, kernel spec, data and ids, prompt format and shots, decoding settings, backend), so a
+rerun of the same command resumes it and a changed setting starts a new one.
+
+generations.jsonl gets one line per question, appended and fsync'ed as soon as the question
+stops. On restart the existing lines are read, a truncated last line (a crash mid-write) is cut
+off, and finished ids are skipped; nothing is lost or written twice.
+"""
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from .. import registry
+
+ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
+
+
+def parse_spec(spec: str) -> dict:
+    """'tuned,small_mma=off' -> {'set': 'tuned', 'paths': {'small_mma': 'off'}}.
+    An unknown set, path or switch value is an error."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise ValueError("kernel spec is empty; expected e.g. legacy, tuned or tuned,small_mma=off")
+    kset, paths = "tuned", {}
+    for i, p in enumerate(parts):
+        if "=" not in p:
+            if i != 0:
+                raise ValueError(f"kernel spec {spec!r}: the set ({p!r}) must come first")
+            if p not in registry.KERNEL_SETS:
+                raise ValueError(f"kernel spec {spec!r}: unknown kernel set {p!r}; "
+                                 f"expected one of {', '.join(registry.KERNEL_SETS)}")
+            kset = p
+            continue
+        name, val = (s.strip().lower() for s in p.split("=", 1))
+        if name not in registry.BY_NAME:
+            raise ValueError(f"kernel spec {spec!r}: unknown path {name!r}; known: {', '.join(registry.BY_NAME)}")
+        if val not in ON + OFF:
+            raise ValueError(f"kernel spec {spec!r}: {name}={val!r}, expected on or off")
+        paths[name] = "on" if val in ON else "off"
+    return {"set": kset, "paths": dict(sorted(paths.items()))}
+
+
+def spec_text(spec: dict) -> str:
+    return ",".join([spec["set"]] + [f"{k}={v}" for k, v in spec["paths"].items()])
+
+
+def spec_env(spec: dict) -> dict:
+    """The environment a run executes under: PQ2_KERNELS and only its own PQ2_PATH_* switches."""
+    env = {"PQ2_KERNELS": spec["set"]}
+    env.update({registry.get(k).env: v for k, v in spec["paths"].items()})
+    return env
+
+
+class EnvSwitch:
+    """Set a run's PQ2_* variables for the duration of a block; other PQ2_PATH_* variables
+    inherited from the shell are removed meanwhile (they would silently apply to both runs)."""
+
+    def __init__(self, env: dict):
+        self.env = env
+        self.saved = None
+
+    def __enter__(self):
+        self.saved = {k: v for k, v in os.environ.items() if k == "PQ2_KERNELS" or k.startswith("PQ2_PATH_")}
+        for k in self.saved:
+            del os.environ[k]
+        os.environ.update(self.env)
+        return self
+
+    def __exit__(self, *exc):
+        for k in [k for k in os.environ if k == "PQ2_KERNELS" or k.startswith("PQ2_PATH_")]:
+            del os.environ[k]
+        os.environ.update(self.saved)
+
+
+def config_key(cfg: dict) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class RunDir:
+    def __init__(self, root: Path, label: str, cfg: dict):
+        self.cfg = cfg
+        self.key = config_key(cfg)
+        self.path = Path(root) / f"{label}-{self.key}"
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
+        self.file = self.path / "generations.jsonl"
+        self.done: dict[int, dict] = self._recover()
+
+    def _recover(self) -> dict[int, dict]:
+        """Read finished lines; cut a truncated or corrupt tail so appends stay line-aligned."""
+        done = {}
+        if not self.file.exists():
+            return done
+        data = self.file.read_bytes()
+        good = 0
+        pos = 0
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                break                                     # no newline: an unfinished write
+            try:
+                rec = json.loads(data[pos:nl])
+            except ValueError:
+                break                                     # a torn line: drop it and the rest
+            if rec.get("id") not in done:
+                done[rec["id"]] = rec
+            pos = good = nl + 1
+        if good < len(data):
+            with open(self.file, "r+b") as f:
+                f.truncate(good)
+                f.flush()
+                os.fsync(f.fileno())
+        return done
+
+    def append(self, rec: dict) -> bool:
+        """Write one question's line durably; False (and nothing written) if already done."""
+        if rec["id"] in self.done:
+            return False
+        line = json.dumps(rec, separators=(",", ":")) + "\n"
+        with open(self.file, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[rec["id"]] = rec
+        return True
+
+    def write_json(self, name: str, obj) -> None:
+        """Atomic replace, so a crash leaves the old or the new file, never half of one."""
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.path / name)
+
+    def read_json(self, name: str, default=None):
+        f = self.path / name
+        return json.loads(f.read_text()) if f.exists() else default

@@ -1,0 +1,149 @@
+"""The CPU emulation of each path against the FP64 references: Q8 codes bit-equal, integer
+group dots exact, outputs within output rounding; claimed bit-identities hold."""
+import numpy as np
+import pytest
+import torch
+
+from pq2verify import emulation as E
+from pq2verify import registry
+from pq2verify.weights import PQ2Weight
+
+ref = pytest.importorskip("reference.projection")
+q8 = pytest.importorskip("reference.q8")
+gen = pytest.importorskip("reference.generate")
+metrics = pytest.importorskip("reference.metrics")
+
+KINDS = ("normal", "heavy", "outliers", "zero_groups", "ties")
+INTEGER = [p.name for p in registry.PATHS if p.weight == "pq2" and p.arithmetic == "integer"]
+
+
+def weight(n=96, k=640, seed=1, layout="raw"):
+    w = PQ2Weight.from_raw(torch.from_numpy(gen.ternary_weight(n, k, seed)))
+    return w.to_prepared() if layout == "prepared" else w
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_q8_codes_bit_equal(kind, dtype):
+    x = gen.activations(7, 640, 5, kind=kind, dtype=dtype)
+    q, s = E.quantize_q8(x)
+    r = q8.quantize_q8(x)
+    assert np.array_equal(q.numpy().astype(np.int8), r.q)
+    assert np.array_equal(s.numpy().view(np.uint32), np.asarray(r.scales, np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("gemm", ["onednn", "fp32"])
+def test_group_dots_exact(gemm, monkeypatch):
+    if gemm == "onednn" and not E._onednn_available():
+        pytest.skip("oneDNN int8 ops not in this torch build")
+    monkeypatch.setattr(E, "_GEMM", gemm)
+    w = weight()
+    x = gen.activations(5, 640, 6, kind="heavy")
+    q, _ = E.quantize_q8(x)
+    d = E.group_dots(q, w).permute(1, 2, 0).numpy()            # [M, N, G]
+    assert np.array_equal(d.astype(np.int64), ref.group_dots(x, w))
+
+
+@pytest.mark.rms
+@pytest.mark.parametrize("path", INTEGER)
+@pytest.mark.parametrize("layout", ["raw", "prepared"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_integer_paths_within_output_rounding(path, layout, dtype):
+    p = registry.get(path)
+    w = weight(layout=layout)
+    m = 1 if p.m_max == 1 else (8 if p.m_max == 16 else 40)
+    for kind in KINDS:
+        x = gen.activations(m, 640, 7, kind=kind, dtype=dtype)
+        y = E.emulate(path, x, w)
+        assert y.dtype == dtype and y.shape == (m, w.n)
+        r = ref.quantized(x, w)
+        assert metrics.relative_rms(y, r) <= p.tolerance(dtype, "quantized"), (path, kind)
+        # before the output rounding the FP32 fold is within 1e-5 of FP64
+        y32 = E.integer(path, x, w, out_dtype=torch.float32)
+        assert metrics.relative_rms(y32, r) <= 1e-5
+
+
+def test_prefill_row_blocks_change_no_bit():
+    w = weight()
+    x = gen.activations(E.ROW_CHUNK * 2 + 9, 640, 8)
+    y = E.emulate("mmq", x, w)
+    for s in (0, E.ROW_CHUNK + 3, x.shape[0] - 1):
+        assert torch.equal(y[s], E.emulate("mmq", x[s:s + 1].repeat(20, 1), w)[0])
+
+
+def test_claimed_identities():
+    w = weight()
+    x = gen.activations(40, 640, 9, kind="outliers")
+    assert torch.equal(E.emulate("mmq", x, w), E.emulate("mmq_planes", x, w))
+    xs = x[:8]
+    a, b = E.integer("int_gemv", xs, w, out_dtype=torch.float32), E.integer("small_mma", xs, w, out_dtype=torch.float32)
+    assert torch.allclose(a, b, rtol=1e-5, atol=0)          # same dots, another FP32 order
+
+
+def test_fold_orders():
+    assert E.fold_plan("ascending", 1, 5) == [[0, 1, 2, 3, 4]]
+    assert E.fold_plan("lanes", 2, 5) == [[0, 2, 4], [1, 3]]
+    assert E.fold_plan("splitk", 2, 5) == [[0, 1, 2], [3, 4]]
+    assert E.fold_plan("splitk", 2, 1) == [[0]]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_native_and_dense_paths(dtype):
+    w = weight()
+    x = gen.activations(6, 640, 10, dtype=dtype)
+    y = E.emulate("native", x, w)
+    assert metrics.relative_rms(y, ref.floating(x, w)) <= registry.get("native").tolerance(dtype, "dense")
+    wd = torch.randn(32, 640, dtype=dtype)
+    d = ref.dense(x, wd)
+    for path in ("cublas", "small_gemm"):
+        y = E.emulate(path, x, wd)
+        assert y.dtype == dtype and metrics.relative_rms(y, d) <= registry.get(path).tolerance(dtype, "dense")
+
+
+def test_cache_lives_on_the_weight():
+    w = weight()
+    x = gen.activations(2, 640, 11)
+    E.emulate("int_gemv", x, w)
+    assert "emu_codes" in w._views
+    w2 = weight(seed=2)
+    assert "emu_codes" not in w2._views
+    assert not torch.equal(E.emulate("int_gemv", x, w), E.emulate("int_gemv", x, w2))
+
+
+def test_every_registry_path_emulates():
+    w = weight()
+    x = gen.activations(1, 640, 12)
+    for p in registry.PATHS:
+        arg = torch.randn(16, 640, dtype=x.dtype) if p.weight == "dense" else w
+        assert E.emulate(p.name, x, arg).shape[0] == 1
+
+
+def test_pq2_matmul_on_cpu_uses_emulation(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    import kernels.common
+    monkeypatch.setattr(kernels.common, "INTERPRET", False)
+    from pq2verify import dispatch
+    w = weight()
+    x = gen.activations(3, 640, 13)
+    with dispatch.trace() as t:
+        y = dispatch.pq2_matmul(x, w, kernels="legacy")
+    assert dict(t) == {"int_gemv": 1}
+    assert torch.equal(y, E.emulate("int_gemv", x, w))
+
+
+def test_kernel_fold_orders_follow_the_kernels():
+    """single and small_mma take their FP32 order from the kernels' fold() (GPU config here,
+    since the emulation runs without TRITON_INTERPRET)."""
+    single = pytest.importorskip("kernels.single")
+    small_mma = pytest.importorskip("kernels.small_mma")
+    w5 = weight(n=3840, k=640)
+    f = single.fold(w5.n, w5.k)
+    plan = E.kernel_plan("single", 1, w5)
+    assert len(plan) == -(-w5.groups // f["groups_per_split"]) and len(plan[0]) == f["lanes"]
+    assert sorted(g for split in plan for lane in split for g in lane) == list(range(w5.groups))
+    w12 = weight(n=2304, k=1536)
+    f = small_mma.fold(8, w12.n, w12.k)
+    plan = E.kernel_plan("small_mma", 8, w12)
+    assert [lane for split in plan for lane in split] == [
+        list(range(s, min(s + f["groups_per_split"], 12))) for s in range(0, 12, f["groups_per_split"])]
+    assert E.kernel_plan("int_gemv", 8, w12) == [[list(range(12))]]

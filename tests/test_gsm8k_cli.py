@@ -1,0 +1,207 @@
+"""End to end on a tiny random-weight Llama (built here, no downloads): the A/B report, the
+control run, resume after an interruption, and the switch proof."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from pq2verify.gsm8k import data
+    d = tmp_path_factory.mktemp("tiny")
+    test, train, _ = data.load()
+    texts = [r["question"] + " " + r["answer"] for r in train[:300]]
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                  unk_token="<unk>")
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.save_pretrained(d)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d)
+    return d
+
+
+@pytest.fixture
+def cpu_env(monkeypatch):
+    """The CLI switches this process to the emulation backend; put everything back after."""
+    import kernels.common
+    monkeypatch.setattr(kernels.common, "INTERPRET", kernels.common.INTERPRET)
+    if "TRITON_INTERPRET" in os.environ:
+        monkeypatch.setenv("TRITON_INTERPRET", os.environ["TRITON_INTERPRET"])
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for k in [k for k in os.environ if k.startswith("PQ2_")]:
+        monkeypatch.delenv(k)
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def run(model, out, *extra):
+    from pq2verify import cli
+    return cli.main(["--device", "cpu", "gsm8k", "--model", str(model), "--limit", "5", "--batch-size", "2",
+                     "--max-new-tokens", "6", "--digits", "2", "--threads", "1", "--out", str(out), *extra])
+
+
+def lines(run_dir: Path):
+    return [json.loads(x) for x in (run_dir / "generations.jsonl").read_text().splitlines()]
+
+
+def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
+    assert run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned", "--control") == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert (tmp_path / "report.md").read_text().startswith("# GSM8K answer diff")
+    assert rep["backend"] == "emulate" and rep["data"]["n"] == 5
+    a, b, a2 = rep["runs"]
+    # batches of 2, 2, 1: decode M in {1, 2}; the question prefill M > 16
+    assert set(a["trace"]) == {"int_gemv", "mmq"}
+    prefill = set(b["trace"]) - {"single", "small_mma"}      # mmq_planes, or mmq while it is deselected
+    assert {"single", "small_mma"} <= set(b["trace"]) and len(prefill) == 1 and prefill <= {"mmq", "mmq_planes"}
+    ms = {k: {int(m) for m in v} for k, v in b["m_calls"].items()}       # JSON keys are strings
+    assert ms["single"] == {1} and ms["small_mma"] == {2} and min(ms[prefill.pop()]) > 16
+    for r in (a, b, a2):
+        recs = lines(Path(r["dir"]))
+        assert sorted(x["id"] for x in recs) == rep["data"]["ids"]
+        assert all(len(x["topk"]) == len(x["tokens"]) for x in recs)
+        assert all(x["prompt_hash"] == rep["data"]["prompt_hashes"][str(x["id"])] for x in recs)
+    c = rep["control"]                                # A twice: greedy and deterministic
+    assert c["identical_generations"] == 5 and c["answer_diffs"] == 0
+    assert rep["compare"]["identical_answers"] + rep["compare"]["answer_diffs"] == 5
+
+
+def test_resume_after_interrupt_no_loss_no_duplicates(tiny_model, tmp_path, cpu_env, monkeypatch):
+    from pq2verify.gsm8k import runs
+    assert run(tiny_model, tmp_path / "clean", "--b", "legacy,int_gemv=off") == 0
+    clean = {x["id"]: x for x in lines(next((tmp_path / "clean").glob("a-*")))}
+
+    real = runs.RunDir.append
+    count = {"n": 0}
+
+    def crashing(self, rec):
+        if count["n"] == 3:
+            raise KeyboardInterrupt          # Ctrl-C in the middle of run A
+        count["n"] += 1
+        return real(self, rec)
+
+    monkeypatch.setattr(runs.RunDir, "append", crashing)
+    assert run(tiny_model, tmp_path / "r", "--b", "legacy,int_gemv=off") == 130
+    rd = next((tmp_path / "r").glob("a-*"))
+    assert len(lines(rd)) == 3
+    with open(rd / "generations.jsonl", "a") as f:
+        f.write('{"id": 99, "tokens": [1, 2')              # a torn last line from a crash
+    monkeypatch.setattr(runs.RunDir, "append", real)
+    assert run(tiny_model, tmp_path / "r", "--b", "legacy,int_gemv=off") == 0
+    got = lines(rd)
+    assert sorted(x["id"] for x in got) == sorted(clean)     # no loss, no duplicate, no torn line
+    for x in got:                                            # same batches, same M: same bits
+        assert x["tokens"] == clean[x["id"]]["tokens"] and x["topk"] == clean[x["id"]]["topk"]
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert rep["runs"][0]["resumed_from_earlier"] == 3
+
+
+def test_switch_proof_fails_fast_when_paths_are_the_same(tiny_model, tmp_path, cpu_env, capsys):
+    rc = run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned,single=off,small_mma=off,mmq_planes=off")
+    assert rc == 3
+    assert "SWITCH PROOF FAILED" in capsys.readouterr().err
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_switch_proof_checks_the_executed_trace(tiny_model, tmp_path, cpu_env, monkeypatch, capsys):
+    """Even when the prediction differs, the traces of the runs decide (a switch that was lost
+    on the way to the code, as with a renamed variable)."""
+    from pq2verify.gsm8k import cli as gcli, runs
+    calls = {"n": 0}
+
+    def predict(spec, *a):
+        calls["n"] += 1
+        return [f"fake{calls['n']}"]
+    monkeypatch.setattr(gcli, "_predict_paths", predict)
+    monkeypatch.setattr(runs, "spec_env", lambda spec: {"PQ2_KERNELS": "legacy"})   # the lost switch
+    assert run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned") == 3
+    assert "ran the same paths" in capsys.readouterr().err
+    assert json.loads((tmp_path / "report.json").read_text())["switch_ok"] is False
+
+
+@pytest.mark.parametrize("spec", ["fast", "tuned,warp=off", "tuned,single=maybe", "single=off,tuned"])
+def test_bad_specs(spec, tiny_model, tmp_path, cpu_env, capsys):
+    assert run(tiny_model, tmp_path, "--b", spec) == 2
+    assert "kernel spec" in capsys.readouterr().err
+
+
+def test_max_diff_exit_code(tiny_model, tmp_path, cpu_env):
+    assert run(tiny_model, tmp_path, "--max-diff", "-1") == 1
+
+
+def test_spec_parsing_and_env():
+    from pq2verify.gsm8k import runs
+    s = runs.parse_spec("tuned, small_mma=OFF")
+    assert s == {"set": "tuned", "paths": {"small_mma": "off"}}
+    assert runs.spec_env(s) == {"PQ2_KERNELS": "tuned", "PQ2_PATH_SMALL_MMA": "off"}
+    os.environ["PQ2_PATH_SINGLE"] = "off"
+    try:
+        with runs.EnvSwitch(runs.spec_env(s)):
+            assert "PQ2_PATH_SINGLE" not in os.environ and os.environ["PQ2_PATH_SMALL_MMA"] == "off"
+        assert os.environ["PQ2_PATH_SINGLE"] == "off" and "PQ2_PATH_SMALL_MMA" not in os.environ
+    finally:
+        del os.environ["PQ2_PATH_SINGLE"]
+
+
+def test_batching_prefix_and_padding_change_no_token(tiny_model, cpu_env, monkeypatch):
+    """A prompt's greedy tokens are the same alone, in a padded batch, and with the shared
+    prefix prefilled once (legacy set: the same per-row arithmetic at every M)."""
+    import kernels.common
+    from pq2verify.gsm8k import data, generate, model as mdl
+    monkeypatch.setattr(kernels.common, "INTERPRET", False)
+    monkeypatch.setenv("PQ2_KERNELS", "legacy")
+    conv = mdl.prepare(str(tiny_model), 2, "cpu")
+    test, train, _ = data.load()
+    ids = [0, 7, 12]
+    toks = [conv.tokenizer(data.build_prompt(conv.tokenizer, test[i]["question"], train[:1])[0],
+                           add_special_tokens=False).input_ids for i in ids]
+    assert len({len(t) for t in toks}) > 1                     # so the batch really pads
+    P = generate.common_prefix(toks)
+    assert P > 10
+
+    def gen(prefix, groups):
+        g = generate.Generator(conv.model, conv.tokenizer, max_new_tokens=5, stops=["\nQuestion:"], top_k=3)
+        g.set_prefix(toks[0][:prefix])
+        out = {}
+        for grp in groups:
+            g.run_batch([generate.Request(i, toks[i]) for i in grp], lambda r: out.__setitem__(r.qid, r.tokens))
+        return out
+
+    alone = gen(0, [[0], [1], [2]])
+    assert gen(0, [[0, 1, 2]]) == alone
+    assert gen(P, [[0, 1, 2]]) == alone
+    assert gen(P, [[2], [0, 1]]) == alone
+
+
+def test_stop_sequences_cut_the_text(tiny_model):
+    from pq2verify.gsm8k import generate
+
+    class Tok:
+        def decode(self, t, skip_special_tokens=False):
+            return "".join(chr(65 + x) if x < 26 else "\n" for x in t)
+    g = generate.Generator.__new__(generate.Generator)
+    g.tok, g.stops, g.eos = Tok(), ["\nB"], {25}
+    assert g._cut([0, 26, 1, 2]) == ("A", "stop:\nB")
+    assert g._cut([0, 25]) == ("A", "eos")
+    assert g._cut([0, 2]) == ("AC", None)

@@ -1,0 +1,75 @@
+"""The diff and divergence logic on constructed generations."""
+from pq2verify.gsm8k import report
+
+
+def rec(tokens, answer, correct, topk=None):
+    return {"tokens": tokens, "answer": answer, "correct": correct, "invalid": answer is None,
+            "strict_invalid": False, "topk": topk or [[[t, -0.1]] for t in tokens]}
+
+
+def steps(*pairs):
+    """topk per step from [(token, logprob), ...] lists."""
+    return [list(map(list, p)) for p in pairs]
+
+
+def test_identical():
+    a = rec([1, 2, 3], "5", True)
+    assert report.divergence(a, dict(a)) is None
+    c = report.compare({0: a}, {0: dict(a)})
+    assert c["identical_answers"] == 1 and c["identical_generations"] == 1 and c["answer_diffs"] == 0
+
+
+def test_near_tie_flip_right_to_wrong():
+    top_a = steps([(1, -0.1)], [(7, -0.70), (8, -0.72)])       # A chose 7 over 8 by 0.02
+    top_b = steps([(1, -0.1)], [(8, -0.69), (7, -0.74)])       # B chose 8 over 7 by 0.05
+    a = rec([1, 7, 9], "12", True, top_a)
+    b = rec([1, 8, 9], "13", False, top_b)
+    d = report.divergence(a, b, 0.1)
+    assert d["step"] == 1 and d["token_a"] == 7 and d["token_b"] == 8
+    assert abs(d["margin_a"] - 0.02) < 1e-9 and abs(d["margin_b"] - 0.05) < 1e-9
+    assert d["kind"] == "near-tie"
+    c = report.compare({3: a}, {3: b}, decode=lambda t: "".join(f"<{x}>" for x in t))
+    assert c["answer_diffs"] == 1 and c["by_class"]["right->wrong"] == 1 and c["by_kind"]["near-tie"] == 1
+    row = c["diffs"][0]
+    assert row["id"] == 3 and row["prefix"] == "<1>" and row["text_a"] == "<7>"
+
+
+def test_real_divergence_wrong_to_right():
+    top_a = steps([(5, -0.01), (6, -3.0)])
+    top_b = steps([(6, -0.2), (5, -1.9)])
+    a = rec([5], "1", False, top_a)
+    b = rec([6], "2", True, top_b)
+    d = report.divergence(a, b)
+    assert d["kind"] == "real" and d["margin_a"] > 2
+    assert report.answer_class(a, b) == "wrong->right"
+
+
+def test_other_token_outside_topk_is_a_bound_and_real():
+    a = rec([5], "1", False, steps([(5, -0.01), (9, -0.02)]))
+    b = rec([6], "3", False, steps([(6, -0.01), (9, -0.03)]))
+    d = report.divergence(a, b)
+    assert d["margin_a_bound"] and d["margin_b_bound"]
+    assert d["kind"] == "real"                 # a bound is never a near tie
+    assert report.answer_class(a, b) == "both wrong"
+
+
+def test_same_answer_different_text_and_length():
+    a = rec([1, 2, 3], "6", True)
+    b = rec([1, 2, 3, 4], "6.00", True)
+    c = report.compare({0: a}, {0: b})
+    assert c["answer_diffs"] == 0 and c["text_only_diffs"] == 1
+    assert c["text_only"][0]["kind"] == "length"
+
+
+def test_threshold_is_respected():
+    a = rec([7], "1", True, steps([(7, -0.5), (8, -0.65)]))
+    b = rec([8], "2", False, steps([(8, -0.5), (7, -0.52)]))
+    assert report.divergence(a, b, 0.1)["kind"] == "real"       # A's margin 0.15
+    assert report.divergence(a, b, 0.2)["kind"] == "near-tie"
+
+
+def test_numeric_divergence_precedes_the_token_flip():
+    top_a = steps([(1, -0.1)], [(2, -0.30)], [(7, -0.5), (8, -0.9)])
+    top_b = steps([(1, -0.1)], [(2, -0.25)], [(8, -0.4), (7, -0.6)])
+    d = report.divergence(rec([1, 2, 7], "1", False, top_a), rec([1, 2, 8], "2", False, top_b))
+    assert d["step"] == 2 and d["numeric_step"] == 1 and abs(d["numeric_delta"] - 0.05) < 1e-9
