@@ -95,14 +95,6 @@ def candidates(kset: str, weight_kind: str, key: str) -> list[registry.Path]:
     return forced + [p for p in chosen if p not in forced and sw.get(p.name, True)]
 
 
-def _usable(p: registry.Path, m: int, x: torch.Tensor, layout: str, k: int) -> bool:
-    if not p.serves(m) or x.dtype not in p.dtypes or layout not in p.layouts or k % p.k_multiple:
-        return False
-    if p.min_cc is not None and x.device.type == "cuda":
-        return torch.cuda.get_device_capability(x.device) >= p.min_cc
-    return True
-
-
 _resolved: dict = {}
 
 
@@ -127,7 +119,7 @@ def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
     p = _resolved.get(key)
     if p is None:
         for p in candidates(kset, kind, backend_key(x.device)):
-            if _usable(p, m, x, layout, k):
+            if _check.unfit(p, m, x, w) is None:
                 break
         else:
             raise ValueError(f"no path of kernel set {kset!r} serves M={m}, dtype={x.dtype}, layout={layout}")

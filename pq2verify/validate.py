@@ -76,24 +76,34 @@ def weight(x, w, *, dense: bool | None = None) -> tuple[int, int]:
     raise TypeError(f"w: expected a PQ2Weight or a dense torch.Tensor, got {type(w).__name__}")
 
 
-def path_fits(p: registry.Path, m: int, x, w, *, arg: str) -> None:
-    """Can path p serve this call? `arg` names what chose it (path=..., or the wrapper)."""
+def unfit(p: registry.Path, m: int, x, w) -> tuple[type, str] | None:
+    """Why path p cannot serve this call (exception type, message after the path's name), or
+    None. The one reading of a registry entry's constraints: dispatch skips such paths, a
+    forced path or a kernel wrapper raises."""
     kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
     if p.weight != kind:
-        raise TypeError(f"{arg}: takes {p.weight} weights, got a {kind} weight")
+        return TypeError, f": takes {p.weight} weights, got a {kind} weight"
     if m and not p.serves(m):
-        raise ValueError(f"{arg} serves M in {p.m_range()}, got M={m}")
+        return ValueError, f" serves M in {p.m_range()}, got M={m}"
     if x.dtype not in p.dtypes:
-        raise TypeError(f"{arg}: x dtype {_name(x.dtype)} is not one of {', '.join(_name(d) for d in p.dtypes)}")
+        return TypeError, f": x dtype {_name(x.dtype)} is not one of {', '.join(_name(d) for d in p.dtypes)}"
     layout = "dense" if kind == "dense" else w.layout
     if layout not in p.layouts:
-        raise ValueError(f"{arg}: weight layout {layout!r} is not one of {p.layouts}")
+        return ValueError, f": weight layout {layout!r} is not one of {p.layouts}"
     k = x.shape[-1]
     if k % p.k_multiple:
-        raise ValueError(f"{arg} needs K a multiple of {p.k_multiple}, got K={k}")
+        return ValueError, f" needs K a multiple of {p.k_multiple}, got K={k}"
     if p.min_cc is not None and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < p.min_cc:
-        raise ValueError(f"{arg} needs compute capability {p.min_cc}, this GPU has "
-                         f"{torch.cuda.get_device_capability(x.device)}")
+        return ValueError, (f" needs compute capability {p.min_cc}, this GPU has "
+                            f"{torch.cuda.get_device_capability(x.device)}")
+    return None
+
+
+def path_fits(p: registry.Path, m: int, x, w, *, arg: str) -> None:
+    """Raise if path p cannot serve this call; `arg` names what chose it (path=..., or the wrapper)."""
+    why = unfit(p, m, x, w)
+    if why is not None:
+        raise why[0](arg + why[1])
 
 
 def buffers(x, n: int, out=None, dots=None, *, groups: int | None = None, has_dots: bool = True) -> None:
