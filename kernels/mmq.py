@@ -62,7 +62,7 @@ def config(m, n, k):
 
 
 def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # pq2_matmul has validated already and passes check=False
+    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
         validate.kernel_args("mmq", x, w, out, dots)
     m, n = x.shape[0], w.n
     y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)

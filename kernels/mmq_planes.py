@@ -87,7 +87,7 @@ def config(m_bucket: int, n: int, k: int):
 
 
 def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # pq2_matmul has validated already and passes check=False
+    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
         validate.kernel_args("mmq_planes", x, w, out, dots)
     m, k = x.shape
     n = w.n

@@ -147,7 +147,7 @@ def fold(n: int, k: int) -> dict:
 
 
 def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # pq2_matmul has validated already and passes check=False
+    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
         validate.kernel_args("single", x, w, out, dots)
     m, k = x.shape
     n = w.n
@@ -155,8 +155,6 @@ def run(x, w, *, out=None, dots=None, check=True):
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if m != 1:
-        raise ValueError(f"single: M={m}, this path takes one row")
     q, xs, t = prepare.quantize_q8(x, order="plane")
     words = q[0].view(torch.int32)
     bn, gc, per, split, prefetch, warps, stages = config(n, k)

@@ -5,7 +5,7 @@ from pq2verify import validate
 
 
 def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # pq2_matmul has validated already and passes check=False
+    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
         validate.kernel_args("cublas", x, w, out, dots)
     y = torch.matmul(x, w.t())
     if out is not None:
