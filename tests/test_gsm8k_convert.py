@@ -76,3 +76,23 @@ def test_pack_codes_matches_reference_encode():
     scales = rng.random((4, 2)).astype(np.float16)
     ours = convert.pack_codes(torch.from_numpy(codes), torch.from_numpy(scales))
     assert np.array_equal(ours.numpy(), pq2.encode(codes, scales))
+
+
+@pytest.mark.gpu
+def test_pq2ify_of_a_cuda_model_gives_the_cpu_bytes():
+    """A model already on the GPU converts to the same PQ2 bytes as on the CPU (on the GPU it
+    once failed outright: a CPU constant met CUDA weights)."""
+    from pq2verify.gsm8k import model as mdl
+    torch.manual_seed(5)
+    cpu = torch.nn.Sequential(torch.nn.Linear(200, 16, bias=False))
+    gpu = torch.nn.Sequential(torch.nn.Linear(200, 16, bias=False)).cuda()
+    with torch.no_grad():
+        gpu[0].weight.copy_(cpu[0].weight)
+    mdl.pq2ify(cpu, 4)
+    mdl.pq2ify(gpu, 4)
+    assert gpu[0].stack.w.data.is_cuda
+    assert torch.equal(gpu[0].stack.w.data.cpu(), cpu[0].stack.w.data)
+    w = torch.randn(16, 200, device="cuda")
+    d, sc, _ = convert.quantize_digits(w, 3)
+    d2, sc2, _ = convert.quantize_digits(w.cpu(), 3)
+    assert torch.equal(d.cpu(), d2) and torch.equal(sc.cpu(), sc2)

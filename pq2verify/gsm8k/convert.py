@@ -62,7 +62,7 @@ def quantize_digits(w: torch.Tensor, digits: int):
     safe = torch.where(s == 0, torch.ones_like(s), s)
     q = torch.round(grp / safe.unsqueeze(2)).clamp_(-half, half)
     d = balanced_ternary(q.reshape(n, kp), digits).to(torch.int8)          # [T, N, Kp]
-    pow3 = torch.tensor([3.0 ** t for t in range(digits)]).view(digits, 1, 1)
+    pow3 = torch.tensor([3.0 ** t for t in range(digits)], device=s.device).view(digits, 1, 1)
     sc = (s.unsqueeze(0) * pow3).to(torch.float16)                         # [T, N, G]
     rec = (d.float().reshape(digits, n, -1, BLOCK) * sc.float().unsqueeze(3)).sum(0)
     return d, sc, rec.reshape(n, kp)[:, : w.shape[1]]

@@ -211,7 +211,8 @@ def pq2ify(model, digits: int | None, *, usage: Usage | None = None, device=None
     for parent, names in groups:
         mods = [getattr(parent, n) for n in names]
         dev = device or mods[0].weight.device
-        w, st = convert.convert([m.weight.data for m in mods], digits)
+        # Converted on the CPU wherever the model lives, so that every backend runs the same bytes.
+        w, st = convert.convert([m.weight.data.cpu() for m in mods], digits)
         w = w.to(dev)
         sq_err, sq_ref = sq_err + st["sq_err"], sq_ref + st["sq_ref"]
         worst = max(worst, st["max_rel"])
