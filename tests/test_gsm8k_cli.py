@@ -105,6 +105,9 @@ def test_resume_after_interrupt_no_loss_no_duplicates(tiny_model, tmp_path, cpu_
     assert run(tiny_model, tmp_path / "r", "--b", "legacy,int_gemv=off") == 130
     rd = next((tmp_path / "r").glob("a-*"))
     assert len(lines(rd)) == 3
+    # the killed session's finished batch left its trace and time behind
+    assert json.loads((rd / "trace.json").read_text())["paths"]["int_gemv"] > 0
+    assert json.loads((rd / "stats.json").read_text())["tokens"] > 0
     with open(rd / "generations.jsonl", "a") as f:
         f.write('{"id": 99, "tokens": [1, 2')              # a torn last line from a crash
     monkeypatch.setattr(runs.RunDir, "append", real)
@@ -115,6 +118,46 @@ def test_resume_after_interrupt_no_loss_no_duplicates(tiny_model, tmp_path, cpu_
         assert x["tokens"] == clean[x["id"]]["tokens"] and x["topk"] == clean[x["id"]]["topk"]
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     assert rep["runs"][0]["resumed_from_earlier"] == 3
+    clean_rep = json.loads((tmp_path / "clean" / "report.json").read_text())
+    # the trace is saved per finished batch, so the resumed run counts the uninterrupted run's
+    # decode calls exactly, plus one more shared-prefix prefill (8 mmq calls: 2 layers x 4 stacks)
+    t, tc = rep["runs"][0]["trace"], clean_rep["runs"][0]["trace"]
+    assert t["int_gemv"] == tc["int_gemv"] and t["mmq"] == tc["mmq"] + 8
+
+
+def test_parallel_runs_in_worker_processes_give_the_same_generations(tiny_model, tmp_path, cpu_env):
+    assert run(tiny_model, tmp_path / "seq", "--control", "--jobs", "1") == 0
+    assert run(tiny_model, tmp_path / "par", "--control", "--jobs", "3") == 0
+    seq = json.loads((tmp_path / "seq" / "report.json").read_text())
+    par = json.loads((tmp_path / "par" / "report.json").read_text())
+    for rs, rp in zip(seq["runs"], par["runs"]):
+        assert rp["resumed_from_earlier"] == 5 or rp["label"] == "a"   # b and a2 came from workers
+        assert rs["trace"] == rp["trace"] and rs["m_calls"] == rp["m_calls"]
+        a, b = ({x["id"]: x for x in lines(Path(r["dir"]))} for r in (rs, rp))
+        assert a.keys() == b.keys()
+        assert all(a[q]["tokens"] == b[q]["tokens"] and a[q]["topk"] == b[q]["topk"] for q in a)
+
+
+def test_a_failing_worker_is_reported(tiny_model, tmp_path, cpu_env, capsys):
+    bad = tmp_path / "gone"
+    # the worker gets the same --model; make it fail by removing the model after the parent loaded it
+    import shutil
+    m = tmp_path / "m"
+    shutil.copytree(tiny_model, m)
+    from pq2verify.gsm8k import cli as gcli
+    real = gcli._spawn
+
+    def spawn(args, device, out, label, position):
+        shutil.rmtree(m, ignore_errors=True)
+        return real(args, device, out, label, position)
+
+    gcli._spawn = spawn
+    try:
+        rc = run(m, bad, "--jobs", "2")
+    finally:
+        gcli._spawn = real
+    assert rc == 4
+    assert "failed in its worker process" in capsys.readouterr().err
 
 
 def test_switch_proof_fails_fast_when_paths_are_the_same(tiny_model, tmp_path, cpu_env, capsys):

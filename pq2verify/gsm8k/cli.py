@@ -4,7 +4,12 @@
     pq2verify --device cuda gsm8k --a legacy --b tuned,small_mma=off --control --max-diff 1
 
 Exit status: 0 done; 1 more answers differ than --max-diff; 2 bad arguments or inputs;
-3 the switch proof failed (A and B ran the same paths although their kernel specs differ).
+3 the switch proof failed (A and B ran the same paths although their kernel specs differ);
+4 a run's worker process failed (its own error is printed; rerunning resumes).
+
+On a GPU the runs (A, B, and the A/A control) are generated at once, each in its own process
+(--jobs): decode there is bound by kernel launches on the host, not by the GPU. Each run is
+still exactly its own function: batches and their Ms do not depend on the other runs.
 
 Defaults, chosen so that the CPU A/B of 128 questions fits the 20-minute budget: 2 few-shot
 examples (train ids 0, 1), at most 128 new tokens, batch 16. M per call: the shared few-shot
@@ -19,8 +24,10 @@ the decode M when a row in the same batch stops earlier in one run), and a resum
 the interrupted batch exactly. Refilling would be faster but would add attention-padding noise
 that the A/A control cannot see.
 """
+import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -28,12 +35,12 @@ from pathlib import Path
 
 DEFAULT_MAX_NEW = 128
 DEFAULT_BATCH = 16
-EXIT_DIFF, EXIT_USAGE, EXIT_SWITCH = 1, 2, 3
+EXIT_DIFF, EXIT_USAGE, EXIT_SWITCH, EXIT_RUN = 1, 2, 3, 4
 
 
 def register(sub) -> None:
     p = sub.add_parser("gsm8k", help="GSM8K answer diff between two kernel configurations",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--a", default="legacy", help="kernel spec of run A: legacy|exact|tuned[,path=on|off...]")
     p.add_argument("--b", default="tuned", help="kernel spec of run B (default tuned)")
     p.add_argument("--control", action="store_true", help="also run A a second time (A/A): the noise floor")
@@ -60,6 +67,10 @@ def register(sub) -> None:
                    help="CPU threads (default: the cores not busy with other work, at least 1)")
     p.add_argument("--cpu-backend", default="emulate", choices=("emulate", "interpreter"),
                    help="on the CPU: torch emulation of each path (default) or Triton's interpreter (slow)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs generated at once, each in its own process (default: 3 on a GPU, whose "
+                        "decode is bound by kernel launches, 1 on the CPU)")
+    p.add_argument("--run-only", default=None, help=argparse.SUPPRESS)   # a worker of --jobs
     p.set_defaults(func=main)
 
 
@@ -177,13 +188,34 @@ def _main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     plan = [("a", spec_a, 0), ("b", spec_b, 0)] + ([("a2", spec_a, 1)] if args.control else [])
+
+    def rundir(label, spec, replica):
+        cfg = {**base, "spec": spec_text(spec), "replica": replica}
+        return RunDir(out, f"{label}-{spec_text(spec).replace(',', '_').replace('=', '-')}", cfg)
+
     gen = generate.Generator(conv.model, tok, max_new_tokens=args.max_new_tokens,
                              stops=data.stop_sequences(fmt), top_k=args.top_k)
+    if args.run_only:
+        mine = [e for e in plan if e[0] == args.run_only]
+        if not mine:
+            raise ValueError(f"--run-only {args.run_only}: no such run in {[e[0] for e in plan]}")
+        _execute(*mine[0][:2], rundir(*mine[0]), gen, conv, batches, tok_ids, prompts, golds, prefix_len)
+        return 0
+    jobs = args.jobs or (3 if device == "cuda" else 1)
+    pending = [e[0] for e in plan if any(q not in rundir(*e).done for q in ids)]
+    workers = {label: _spawn(args, device, out, label, i + 1) for i, label in enumerate(pending[1:jobs])}
     runs = []
     for label, spec, replica in plan:
-        cfg = {**base, "spec": spec_text(spec), "replica": replica}
-        rd = RunDir(out, f"{label}-{spec_text(spec).replace(',', '_').replace('=', '-')}", cfg)
-        runs.append(_execute(label, spec, rd, gen, conv, batches, tok_ids, prompts, golds, prefix_len))
+        if label in workers:
+            rc = workers.pop(label).wait()
+            if rc != 0:
+                for w in workers.values():
+                    w.wait()
+                print(f"pq2verify gsm8k: run {label} ({spec_text(spec)}) failed in its worker process (exit "
+                      f"{rc}); its generations so far are kept: rerun the same command to resume", file=sys.stderr)
+                return EXIT_RUN
+        runs.append(_execute(label, spec, rundir(label, spec, replica), gen, conv, batches, tok_ids, prompts,
+                             golds, prefix_len))
 
     decode = lambda t: tok.decode(t, skip_special_tokens=False)   # noqa: E731
     cmp = report.compare(runs[0]["recs"], runs[1]["recs"], decode=decode, near_tie=near_tie)
@@ -226,6 +258,21 @@ def _main(args) -> int:
     return 0
 
 
+def _spawn(args, device, out, label, position) -> subprocess.Popen:
+    """One run in a worker process: this command again, restricted to that run."""
+    cmd = [sys.executable, "-m", "pq2verify.cli", "--device", device, "gsm8k", "--a", args.a, "--b", args.b,
+           "--dtype", args.dtype, "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
+           "--top-k", str(args.top_k), "--out", str(out), "--cpu-backend", args.cpu_backend, "--run-only", label]
+    for flag, v in (("--model", args.model), ("--digits", args.digits), ("--data", args.data), ("--ids", args.ids),
+                    ("--limit", args.limit), ("--shots", args.shots), ("--threads", args.threads)):
+        if v is not None:
+            cmd += [flag, str(v)]
+    cmd += ["--control"] if args.control else []
+    cmd += ["--all"] if args.all else []
+    env = {**os.environ, "PQ2VERIFY_BAR_POSITION": str(position)}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+
+
 def _execute(label, spec, rd, gen, conv, batches, tok_ids, prompts, golds, prefix_len) -> dict:
     """One run: generate the questions not yet in its generations file, record the trace."""
     from .. import dispatch
@@ -250,23 +297,30 @@ def _execute(label, spec, rd, gen, conv, batches, tok_ids, prompts, golds, prefi
             bar.update(1)
             bar.set_postfix_str(f"{(gen.tokens_out - tokens0) / max(el, 1e-9):.1f} tok/s")
 
+    st = rd.read_json("stats.json", {"seconds": 0.0, "tokens": 0})
+
+    def save(tr):
+        # After every batch, so that a run killed later keeps the proof of what it ran so far
+        # and its time; a resumed session adds to what earlier sessions saved.
+        paths = Counter(saved["paths"]) + Counter(dict(tr))
+        m_seen = {k: Counter({int(m): c for m, c in v.items()}) for k, v in saved["m_seen"].items()}
+        for (name, m), c in conv.usage.calls.items():
+            m_seen.setdefault(name, Counter())[m] += c
+        rd.write_json("trace.json", {"paths": dict(paths), "m_seen": {k: dict(v) for k, v in m_seen.items()}})
+        secs = st["seconds"] + gen.seconds - secs0
+        toks = st["tokens"] + gen.tokens_out - tokens0
+        rd.write_json("stats.json", {"seconds": secs, "tokens": toks})
+        return paths, m_seen, secs, toks
+
     with EnvSwitch(spec_env(spec)), dispatch.trace() as tr:
         if todo:
             first = tok_ids[todo[0][0]]
             gen.set_prefix(first[:prefix_len])
         for b in todo:
             gen.run_batch([generate.Request(q, tok_ids[q]) for q in b], done)
+            save(tr)
     bar.close()
-    paths = Counter(saved["paths"]) + Counter(dict(tr))
-    m_seen = {k: Counter({int(m): c for m, c in v.items()}) for k, v in saved["m_seen"].items()}
-    for (name, m), c in conv.usage.calls.items():
-        m_seen.setdefault(name, Counter())[m] += c
-    rd.write_json("trace.json", {"paths": dict(paths), "m_seen": {k: dict(v) for k, v in m_seen.items()}})
-    # generation time and tokens over every session of this run (a resumed run adds up)
-    st = rd.read_json("stats.json", {"seconds": 0.0, "tokens": 0})
-    secs = st["seconds"] + gen.seconds - secs0
-    toks = st["tokens"] + gen.tokens_out - tokens0
-    rd.write_json("stats.json", {"seconds": secs, "tokens": toks})
+    paths, m_seen, secs, toks = save(tr)
     recs = {q: rd.done[q] for b in batches for q in b if q in rd.done}
     from .report import summarize
     return {"label": label, "spec": spec_text(spec), "dir": str(rd.path), "recs": recs,
@@ -295,7 +349,8 @@ def _ranges(c: Counter) -> str:
 def _bar(total, desc):
     try:
         from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True)
+        return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True,
+                    position=int(os.environ.get("PQ2VERIFY_BAR_POSITION", "0")))
     except ImportError:
         class _No:
             def update(self, n): pass

@@ -238,8 +238,19 @@ class FP32Head(torch.nn.Module):
         return torch.nn.functional.linear(h.float(), self.weight, self.bias)
 
 
+def deterministic_attention(device) -> str:
+    """On CUDA, keep SDPA off cuDNN's attention, whose forward is not deterministic run to run
+    (an A/A control of the legacy set on the H200 differed in 5 of 128 answers with it; the
+    flash, memory-efficient and math backends are deterministic). Returns what the run used."""
+    if torch.device(device).type != "cuda":
+        return "sdpa (CPU)"
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return "sdpa without cuDNN attention (flash / memory-efficient / math: deterministic forward)"
+
+
 def prepare(path: str | None, digits: int | None, device: str, dtype=torch.bfloat16) -> Converted:
     path = path or default_model_path()
+    deterministic_attention(device)
     model, tok = load_hf(path, dtype)
     usage = Usage()
     model.to(device)
