@@ -54,14 +54,43 @@ def markdown(results: list[dict], prov: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary(results: list[dict]) -> list[str]:
+    """One row per path: cases, worst relative RMS, and how many held each property."""
+    lines = ["| path | cases | pass | max relRMS vs quantized FP64 | max vs dense FP64 | dots exact | claim held "
+             "| deterministic | written |", "|" + "---|" * 9]
+    by = {}
+    for r in results:
+        by.setdefault(r["path"], []).append(r)
+
+    def mx(rs, k):
+        v = [r[k] for r in rs if r[k] is not None]
+        return f"{max(v):.2e}" if v else "-"
+
+    def held(rs, k):
+        v = [r[k] for r in rs if r[k] is not None]
+        return f"{sum(v)}/{len(v)}" if v else "-"
+    for path, rs in by.items():
+        lines.append(f"| {path} | {len(rs)} | {sum(r['ok'] for r in rs)} | {mx(rs, 'rel_rms_quantized')} "
+                     f"| {mx(rs, 'rel_rms_dense')} | {held(rs, 'dots_exact')} | {held(rs, 'claim_held')} "
+                     f"| {held(rs, 'deterministic')} | {held(rs, 'written')} |")
+    return lines
+
+
 def render(args) -> int:
-    results, prov = [], []
+    by_id, prov, again = {}, [], 0
     for fn in args.render:
         with open(fn) as fh:
             d = json.load(fh)
-        results += d["cases"]
+        for r in d["cases"]:
+            again += r["case"] in by_id
+            by_id[r["case"]] = r          # a case run again in a later file: the later result
         prov.append(d["provenance"])
+    results = list(by_id.values())
     text = markdown(results, prov)
+    head, _, table = text.partition("\n| path | shape")
+    note = (f"{again} case(s) ran in more than one of these runs; the table shows each case once, "
+            "from the latest run.\n\n" if again else "")
+    text = head + note + "\n".join(summary(results)) + "\n\n| path | shape" + table
     if args.markdown:
         with open(args.markdown, "w") as fh:
             fh.write(text)

@@ -36,8 +36,12 @@ def derive_exact(shapes: str, device, console) -> int:
     out = dispatch.VERIFIED_DIR / f"exact-{key}.json"
     out.write_text(json.dumps({"provenance": prov, "shapes": shapes, "paths": result}, indent=1) + "\n")
     dispatch.clear_cache()
-    console.print(f"wrote {out}; exact set on {key}: tuned paths "
-                  f"{sorted(n for n, r in result.items() if r['held']) or 'none'} + legacy")
+    held = sorted(n for n, r in result.items() if r["held"])
+    used = [n for n in held if not registry.get(n).deselected]
+    parked = [n for n in held if registry.get(n).deselected]
+    console.print(f"wrote {out}; exact set on {key}: tuned paths {used or 'none'} + legacy"
+                  + (f" ({', '.join(parked)} verified too, but deselected from the tuned set, so not used)"
+                     if parked else ""))
     # A path that claims bit-identity and fails it is a failure, not just 'not in exact'.
     broken = [n for n, r in result.items() if r["claimed"] and not r["held"]]
     for n in broken:

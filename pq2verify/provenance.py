@@ -9,18 +9,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def commit() -> str:
-    """HEAD (+dirty); where there is no .git (a device that got only the work tree), the commit
-    the sender names in PQ2VERIFY_COMMIT, marked as told, not read."""
+    """HEAD (+dirty) of this checkout. A sender that copies the work tree to another machine
+    names the commit in PQ2VERIFY_COMMIT: that wins (marked as told), because a copied tree may
+    carry a stale .git or none."""
     told = os.environ.get("PQ2VERIFY_COMMIT")
-    told = f"{told} (told)" if told else "unknown"
+    if told:
+        return f"{told} (told)"
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True, timeout=10).stdout.strip()
-        return sha + ("+dirty" if dirty else "") if sha else told
+        return sha + ("+dirty" if dirty else "") if sha else "unknown"
     except (OSError, subprocess.SubprocessError):
-        return told
+        return "unknown"
 
 
 def gpu_clocks() -> dict:

@@ -1,5 +1,6 @@
 """The check engine itself: each check fails on a deliberately broken kernel, with a message
 that carries the one-line reproduction, and the CLI exits non-zero."""
+import json
 import importlib
 
 import pytest
@@ -130,3 +131,13 @@ def test_render_saved_results(tmp_path, capsys):
     assert cli.main(["check", "--render", str(js), "--markdown", str(md)]) == 0
     text = md.read_text()
     assert "**1 of 1 cases passed.**" in text and "| int_gemv |" in text
+    assert "| int_gemv | 1 | 1 |" in text                  # the per-path summary row
+    # the same case in two runs (a rerun after a cut-off): shown once, from the later run
+    d = json.loads(js.read_text())
+    d["cases"][0]["ok"], d["cases"][0]["failures"] = False, ["made up for this test"]
+    js2 = tmp_path / "earlier.json"
+    js2.write_text(json.dumps(d))
+    assert cli.main(["check", "--render", str(js2), str(js), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "**1 of 1 cases passed.**" in text and "1 case(s) ran in more than one" in text
+    assert cli.main(["check", "--render", str(js), str(js2), "--markdown", str(md)]) == 1
