@@ -1,5 +1,6 @@
 """pq2_matmul: pick the kernel set's path for (weight, M), validate, launch, and record which
 path served the call, so that a run can prove which code executed."""
+import functools
 import json
 import os
 from collections import Counter
@@ -103,10 +104,24 @@ def clear_cache() -> None:
     _resolved.clear()
 
 
+_ENV_NAMES = (ENV_SET,) + tuple(p.env for p in registry.PATHS)
+try:   # CPython keeps the environment as an encoded dict: reading it skips 9 encode/decode pairs
+    _ENV_RAW, _ENV_KEYS = os.environ._data, tuple(os.environ.encodekey(n) for n in _ENV_NAMES)
+except AttributeError:
+    _ENV_RAW = None
+
+
 def _env_key() -> tuple:
     # A new variable (a typo'd switch too) changes the count, so it is rescanned and refused.
+    if _ENV_RAW is not None:
+        return (len(_ENV_RAW),) + tuple(_ENV_RAW.get(k) for k in _ENV_KEYS)
     env = os.environ
-    return (len(env), env.get(ENV_SET)) + tuple(env.get(p.env) for p in registry.PATHS)
+    return (len(env),) + tuple(env.get(n) for n in _ENV_NAMES)
+
+
+@functools.lru_cache(maxsize=1024)
+def _serves(m: int) -> tuple:
+    return tuple(p.serves(m) for p in registry.PATHS)
 
 
 def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
@@ -115,7 +130,7 @@ def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
     kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
     layout = "dense" if kind == "dense" else w.layout
     k = x.shape[-1]
-    key = (kset, kind, layout, x.dtype, k, x.device, tuple(p.serves(m) for p in registry.PATHS), _env_key())
+    key = (kset, kind, layout, x.dtype, k, x.device, _serves(m), _env_key())
     p = _resolved.get(key)
     if p is None:
         for p in candidates(kset, kind, backend_key(x.device)):
