@@ -1,5 +1,8 @@
 """pytest set-up: the device option (auto: CUDA if present, else the CPU with Triton's
-interpreter, which must be chosen before any kernel module is imported) and GPU-only skips."""
+interpreter, which must be chosen before any kernel module is imported), GPU-only skips, and a
+guard that no test changes the process's kernel mode (tests run in random order)."""
+import os
+
 import pytest
 
 
@@ -11,6 +14,11 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     from pq2verify import backend
     config._pq2_device = backend.select(config.getoption("--device"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")      # pytest -n N (pytest-xdist): gw0, gw1, ...
+    if config._pq2_device == "cuda" and worker:
+        # one GPU per worker, round robin; every test allocates on the current device
+        import torch
+        torch.cuda.set_device(int(worker.removeprefix("gw")) % torch.cuda.device_count())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,3 +33,22 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def device(request):
     return request.config._pq2_device
+
+
+@pytest.fixture(autouse=True)
+def _kernel_mode_unchanged():
+    """A test that changes the interpreter mode, the CPU backend or the device selection, or
+    imports a kernel module in the other mode, would break whatever runs after it: fail that
+    test (naming what changed) and put the mode back, so the next test starts clean."""
+    from pq2verify import backend
+    before, mixed_before = backend.mode_state(), set(backend.mixed_kernels())
+    yield
+    after = backend.mode_state()
+    mixed = [m for m in backend.mixed_kernels() if m not in mixed_before]    # reported once
+    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]
+               and not (k == "kernels.common.INTERPRET" and before[k] is None)}
+    if changed:
+        backend.restore_mode(before)
+    if changed or mixed:
+        pytest.fail(f"this test left the process's kernel mode changed: {changed or ''} {'; '.join(mixed)}"
+                    .strip(), pytrace=False)

@@ -16,21 +16,34 @@ _RCP127 = tl.constexpr(RCP127)   # a jit function reads module globals only as c
 
 @triton.jit
 def to_out(y, DTYPE: tl.constexpr, INTERP: tl.constexpr):
-    """Round fp32 y to DTYPE to nearest even. Triton 3.6's interpreter truncates fp32 -> bf16,
-    so there the rounding is done on the bits first and the cast is then exact."""
+    """Round fp32 y to DTYPE to nearest even. Triton 3.6's interpreter truncates fp32 -> bf16
+    and zeroes or garbles subnormals, so there the rounding is done on the bits and the top
+    half is bitcast. A NaN keeps its sign and gets the quiet bit: rounding a payload held in
+    the low 16 bits would carry into inf or wrap to zero (tests/test_rounding.py)."""
     if INTERP and DTYPE == tl.bfloat16:
         b = y.to(tl.int32, bitcast=True)
-        b = (b + (0x7FFF + ((b >> 16) & 1))) & -65536
-        return b.to(tl.float32, bitcast=True).to(DTYPE)
+        r = (b + (0x7FFF + ((b >> 16) & 1))) >> 16
+        r = tl.where(y != y, (b >> 16) | 0x40, r)
+        return r.to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
         return y.to(DTYPE)
+
+
+@triton.jit
+def to_f32(v, INTERP: tl.constexpr):
+    """v as fp32 (exact). Triton 3.6's interpreter garbles bf16 subnormals in this conversion;
+    a bf16 is the top half of an fp32, so there its bits are shifted instead."""
+    if INTERP and v.dtype == tl.bfloat16:
+        return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.float32)
 
 
 # --- Q8 quantization -------------------------------------------------------------------
 
 @triton.jit
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm,
-                     BU: tl.constexpr, PLANE: tl.constexpr):
+                     BU: tl.constexpr, PLANE: tl.constexpr, INTERP: tl.constexpr):
     # One program: BU (row, group) units u = m*G + g, each group as [32, 4] = (b, s), element
     # 4b+s. Outputs are contiguous in u: scales/sums at u, codes at u*128.
     u = tl.program_id(0) * BU + tl.arange(0, BU)
@@ -39,7 +52,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm,
     c = tl.arange(0, 128)
     mask = umask[:, None] & (c >= 0)[None, :]
     src = (m.to(tl.int64) * stride_xm + (u - m * G) * 128)[:, None] + c[None, :]
-    a = tl.reshape(tl.load(x_ptr + src, mask=mask, other=0.0).to(tl.float32), (BU, 32, 4))
+    a = tl.reshape(to_f32(tl.load(x_ptr + src, mask=mask, other=0.0), INTERP), (BU, 32, 4))
     amax = tl.max(tl.max(tl.abs(a), axis=2), axis=1)
     # tl.max drops NaN, so a NaN group would get a finite scale and finite, wrong outputs:
     # give it a NaN scale, which every integer path multiplies into the affected row.
@@ -78,7 +91,7 @@ def quantize_q8(x, order="plain"):
     units = m * g
     bu, warps = _quantize_config(units)
     _quantize_kernel[(triton.cdiv(units, bu),)](
-        x, q, sc, sums, units, g, x.stride(0), BU=bu, PLANE=order == "plane", num_warps=warps)
+        x, q, sc, sums, units, g, x.stride(0), BU=bu, PLANE=order == "plane", INTERP=INTERPRET, num_warps=warps)
     return q, sc, sums
 
 
@@ -95,8 +108,8 @@ def _rotate_kernel(x_ptr, sg_ptr, y_ptr, M, K, stride_xm, sign_stride, inv_sqrt,
     c = tl.arange(0, B)
     rmask = r < M
     col = blk * B + c
-    v = tl.load(x_ptr + r[:, None].to(tl.int64) * stride_xm + col[None, :],
-                mask=rmask[:, None], other=0.0).to(tl.float32)
+    v = to_f32(tl.load(x_ptr + r[:, None].to(tl.int64) * stride_xm + col[None, :],
+                       mask=rmask[:, None], other=0.0), INTERP)
     sgn = tl.load(sg_ptr + blk * sign_stride + c).to(tl.float32)
     v = v * sgn[None, :]
     for _ in tl.static_range(LOGB):

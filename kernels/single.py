@@ -12,8 +12,8 @@ contiguous range of groups, walked in chunks of GC groups. Lane c (c < GC) of ea
 its own partial, lane_c = lane_c + dot_g*xs_g*ws_g (common.scale_accumulate) for
 g = g0+c, g0+c+GC, ... ascending (g0 the split's first group); the GC lanes are then summed
 by an explicit pairwise tree ((l0+l1)+(l2+l3))+... (not tl.sum, whose order would follow the
-register layout). With SPLIT > 1 the split partials go to a workspace [SPLIT, 1, N] and are
-summed in ascending split order, ((p0 + p1) + p2) + ..., by small_mma.reduce_splits.
+register layout). With SPLIT > 1 the split partials go to per-call partials [SPLIT, 1, N] and are
+summed in ascending split order, ((p0 + p1) + p2) + ..., by splitk.reduce_splits.
 `fold(n, k)` reports GC, groups per split and SPLIT for a shape. The GPU and the interpreter use
 different configs (and the GPU may contract acc + a*b into an FMA), so their bits may differ.
 
@@ -26,8 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common, prepare
-from .small_mma import reduce_splits, split_groups, workspace
+from . import common, prepare, splitk
 from pq2verify import validate
 
 
@@ -112,17 +111,21 @@ def _single_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn,
         tl.store(part_ptr + pid_k * N + rn, y, mask=n_ok)
 
 
-@functools.lru_cache(maxsize=None)
-def config(n: int, k: int):
+def config(n: int, k: int, interpret: bool | None = None):
     """(BN, GC, groups per split, SPLIT, PREFETCH, num_warps, num_stages) from shapes only.
     Memory-bound: a chunk of BN rows x GC groups is BN*GC*32 bytes of 16-byte word loads;
     split-K over groups when the row tiles alone give too few programs to keep every SM's
-    loads in flight."""
+    loads in flight. interpret: the interpreter's config or the GPU's (default: this process's)."""
+    return _config(n, k, common.INTERPRET if interpret is None else bool(interpret))
+
+
+@functools.lru_cache(maxsize=None)
+def _config(n: int, k: int, interpret: bool):
     groups = k // 128
-    if common.INTERPRET:
+    if interpret:
         # the interpreter pays per program: wide tiles; GC = 2 and two splits still exercise
         # several chunks, a masked tail and the split reduction
-        per, split = split_groups(groups, 2)
+        per, split = splitk.split_groups(groups, 2)
         return min(128, max(8, triton.next_power_of_2(n))), 2, per, split, True, 4, 1
     # measured on the H200 (CUDA graphs, weights rotated past L2): 8 rows x 8 groups a chunk,
     # 4 warps; the register prefetch of the next chunk pays when all programs are resident
@@ -133,16 +136,16 @@ def config(n: int, k: int):
     want = 1
     while tiles * want < 1024 and groups // (2 * want) >= 2 * gc:
         want *= 2
-    per, split = split_groups(groups, want)
+    per, split = splitk.split_groups(groups, want)
     prefetch = tiles * split <= 2048 and triton.cdiv(per, gc) <= 6
     return bn, gc, per, split, prefetch, 4, 3
 
 
-def fold(n: int, k: int) -> dict:
-    """The FP32 order this backend's config gives (for emulation): split s covers groups
+def fold(n: int, k: int, interpret: bool | None = None) -> dict:
+    """The FP32 order a config gives (for emulation): split s covers groups
     [s*per, min((s+1)*per, G)); in it lane c folds groups s*per + c, + c + lanes, ... ascending;
     lanes are summed pairwise ((l0+l1)+(l2+l3))+...; splits are summed ((p0+p1)+p2)+..."""
-    bn, gc, per, split, prefetch, warps, stages = config(n, k)
+    bn, gc, per, split, prefetch, warps, stages = config(n, k, interpret)
     return dict(lanes=gc, groups_per_split=per, splits=split)
 
 
@@ -160,7 +163,7 @@ def run(x, w, *, out=None, dots=None, check=True):
     bn, gc, per, split, prefetch, warps, stages = config(n, k)
     st = w.strides
     prepared = w.layout == "prepared"
-    part = workspace(x.device, split * n) if split > 1 else out
+    part = splitk.partials(x.device, split * n) if split > 1 else out
     write_dots = dots is not None
     dd = dots if write_dots else out
     ds = dots.stride() if write_dots else (0, 0, 0)
@@ -173,5 +176,5 @@ def run(x, w, *, out=None, dots=None, check=True):
         PREFETCH=prefetch, PREPARED=prepared, WRITE_DOTS=write_dots,
         INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
     if split > 1:
-        reduce_splits(part, out, split, m, n)
+        splitk.reduce_splits(part, out, split, m, n)
     return out

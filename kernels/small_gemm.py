@@ -3,7 +3,7 @@ at M <= 16, replacing cuBLAS. `w` is the dense weight tensor [N, K], not a PQ2We
 
 FP32 order: split-K over programs. A program owns one N tile and a contiguous K range, which it
 walks in BK steps with the MMA accumulating in fp32 (acc = tl.dot(x_blk, W_blk^T, acc), k
-ascending); its partial goes to a workspace [SPLIT, M, N], and small_mma.reduce_splits sums the
+ascending); its partial goes to per-call partials [SPLIT, M, N], and splitk.reduce_splits sums the
 partials in the fixed order ((p0 + p1) + p2) + ... and casts to x's dtype. No atomics, so
 reruns give identical bits.
 """
@@ -13,8 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common, prepare
-from .small_mma import reduce_splits, workspace
+from . import common, prepare, splitk
 from pq2verify import validate
 
 
@@ -92,12 +91,12 @@ def run(x, w, *, out=None, dots=None, check=True):
     if m == 0:
         return out
     bn, bk, kps, split, warps, stages = config(n, k)
-    part = workspace(x.device, split * m * n) if split > 1 else out
+    part = splitk.partials(x.device, split * m * n) if split > 1 else out
     _small_gemm_kernel[(triton.cdiv(n, bn), split)](
         x, x.stride(0), x.stride(1), w, w.stride(0), w.stride(1),
         out, out.stride(0), out.stride(1), part,
         m, n, k, BM=16, BN=bn, BK=bk, STEPS=kps // bk, SPLIT=split,
         INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
     if split > 1:
-        reduce_splits(part, out, split, m, n)
+        splitk.reduce_splits(part, out, split, m, n)
     return out

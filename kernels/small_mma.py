@@ -9,11 +9,10 @@ is exactly int_gemv's sum (c-1)*q (the unsigned-codes trick, SPEC §4).
 
 FP32 order: a program owns one N tile and a contiguous range of groups (split-K over groups);
 it folds acc = acc + dot_g*xs*ws (common.scale_accumulate) for g ascending from 0.0, and writes
-its partial to a workspace [SPLIT, M, N]. A second kernel sums the partials in the fixed order
-((p0 + p1) + p2) + ... and casts to x's dtype. No atomics, so reruns give identical bits.
-With SPLIT = 1 the program writes the cast result directly (same value as the reduction).
-
-Also hosts the split-K helpers that single and small_gemm share: `workspace` and `reduce_splits`.
+its partial to per-call partials [SPLIT, M, N] (kernels.splitk). A second kernel sums the
+partials in the fixed order ((p0 + p1) + p2) + ... and casts to x's dtype. No atomics, so
+reruns give identical bits. With SPLIT = 1 the program writes the cast result directly (same
+value as the reduction).
 """
 import functools
 
@@ -21,54 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common, prepare
+from . import common, prepare, splitk
 from pq2verify import validate
-
-# --- shared split-K helpers --------------------------------------------------------------
-_WORKSPACES = {}
-
-
-def workspace(device, numel: int) -> torch.Tensor:
-    """An fp32 scratch buffer cached per (device, size): never keyed by a caller's data pointer,
-    so freed-and-reused memory cannot make it stale. Calls on one stream run in order, so the
-    same buffer can serve every call of that size."""
-    key = (device, numel)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = _WORKSPACES[key] = torch.empty(numel, dtype=torch.float32, device=device)
-    return ws
-
-
-@triton.jit
-def _reduce_kernel(part_ptr, out_ptr, M, N, out_sm, out_sn,
-                   SPLIT: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = idx < M * N
-    acc = tl.load(part_ptr + idx, mask=ok, other=0.0)
-    # fixed ascending order over the splits: ((p0 + p1) + p2) + ...
-    for s in tl.static_range(1, SPLIT):
-        acc = acc + tl.load(part_ptr + s * M * N + idx, mask=ok, other=0.0)
-    m = idx // N
-    n = idx - m * N
-    tl.store(out_ptr + m * out_sm + n * out_sn, prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP),
-             mask=ok)
-
-
-def reduce_splits(part, out, split: int, m: int, n: int) -> None:
-    """out[m, n] = sum over s ascending of part[s, m, n] (fp32), cast to out's dtype."""
-    block = 1024 if m * n >= 1024 else 256
-    _reduce_kernel[(triton.cdiv(m * n, block),)](
-        part, out, m, n, out.stride(0), out.stride(1), SPLIT=split, BLOCK=block,
-        INTERP=common.INTERPRET, num_warps=4)
-
-
-def split_groups(groups: int, want: int, multiple: int = 1):
-    """(groups per split, number of splits) for about `want` splits, groups per split a
-    multiple of `multiple`, no empty split."""
-    want = max(1, min(want, groups))
-    per = triton.cdiv(triton.cdiv(groups, want), multiple) * multiple
-    return per, triton.cdiv(groups, per)
-
 
 # --- the kernel --------------------------------------------------------------------------
 @triton.jit
@@ -153,24 +106,29 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
         tl.store(part_ptr + (pid_k * M + m_off) * N + n_off, acc, mask=mn & nn)
 
 
-@functools.lru_cache(maxsize=None)
-def config(m_bucket: int, n: int, k: int):
+def config(m_bucket: int, n: int, k: int, interpret: bool | None = None):
     """(BN, groups per split, SPLIT, SWAP, UNROLL, num_warps, num_stages) from shapes only.
     Decode is memory-bound: aim for ~1000+ programs so every SM has several tiles' loads in
     flight, but keep the partial traffic (SPLIT*M*N*8 bytes) small next to the N*K/4 weight
-    bytes. Groups per split is a multiple of UNROLL (groups per loop trip)."""
+    bytes. Groups per split is a multiple of UNROLL (groups per loop trip).
+    interpret: the interpreter's config or the GPU's (default: this process's)."""
+    return _config(m_bucket, n, k, common.INTERPRET if interpret is None else bool(interpret))
+
+
+@functools.lru_cache(maxsize=None)
+def _config(m_bucket: int, n: int, k: int, interpret: bool):
     groups = k // 128
-    if common.INTERPRET:
+    if interpret:
         # the interpreter pays per program: wide tiles, but still two splits (and an unrolled
         # body with a dead tail group when G is odd) to exercise them
-        per, split = split_groups(groups, 2, 2)
+        per, split = splitk.split_groups(groups, 2, 2)
         return min(256, max(16, triton.next_power_of_2(n))), per, split, False, 2, 4, 1
     bn, unroll = 128, 1
     tiles = triton.cdiv(n, bn)
     want = 1
     while tiles * want < 1024 and groups // (2 * want) >= 4:
         want *= 2
-    per, split = split_groups(groups, want, unroll)
+    per, split = splitk.split_groups(groups, want, unroll)
     return bn, per, split, False, unroll, 4, 3
 
 
@@ -178,10 +136,10 @@ def m_bucket(m: int) -> int:
     return 16 if m > 8 else 8
 
 
-def fold(m: int, n: int, k: int) -> dict:
-    """The FP32 order this backend's config gives (for emulation): split s folds groups
+def fold(m: int, n: int, k: int, interpret: bool | None = None) -> dict:
+    """The FP32 order a config gives (for emulation): split s folds groups
     [s*per, min((s+1)*per, G)) ascending from 0.0; splits are summed ((p0+p1)+p2)+..."""
-    bn, per, split, swap, unroll, warps, stages = config(m_bucket(m), n, k)
+    bn, per, split, swap, unroll, warps, stages = config(m_bucket(m), n, k, interpret)
     return dict(groups_per_split=per, splits=split)
 
 
@@ -199,7 +157,7 @@ def run(x, w, *, out=None, dots=None, check=True):
     bn, per, split, swap, unroll, warps, stages = config(m_bucket(m), n, k)
     st = w.strides
     prepared = w.layout == "prepared"
-    part = workspace(x.device, split * m * n) if split > 1 else out
+    part = splitk.partials(x.device, split * m * n) if split > 1 else out
     write_dots = dots is not None
     dd = dots if write_dots else out
     ds = dots.stride() if write_dots else (0, 0, 0)
@@ -212,5 +170,5 @@ def run(x, w, *, out=None, dots=None, check=True):
         BM=16, BN=bn, PER=per, SPLIT=split, SWAP=swap, UNROLL=unroll, PREPARED=prepared,
         WRITE_DOTS=write_dots, INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
     if split > 1:
-        reduce_splits(part, out, split, m, n)
+        splitk.reduce_splits(part, out, split, m, n)
     return out

@@ -1,102 +1,23 @@
 """Numerics checks generated from the registry: for each path x shape x M x dtype x layout,
-relative RMS against the FP64 references, exact integer group dots, exactness claims against
-the claimed counterpart, every output written, and determinism over reruns."""
+relative RMS and a per-element bound against the FP64 references, exact integer group dots,
+exactness claims against the claimed counterpart, every output written, no write outside out
+or dots (guard bands), determinism over reruns, batch invariance, and NaN propagation."""
 import functools
-import zlib
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
 from . import registry
-from .inputs import ACTIVATION_KINDS, activations, dense_weight, ternary_weight
+from .bits import bits
+from .inputs import activations, dense_weight, ternary_weight
 
-SHAPES = {
-    "small": {"pq2": [("a", 200, 640), ("b", 64, 384)], "dense": [("ba", 96, 384)]},
-    "bonsai27b": {
-        "pq2": [("gate_up", 34816, 5120), ("down", 5120, 17408), ("in_proj", 16384, 5120),
-                ("qkv", 14336, 5120), ("out", 5120, 6144), ("lm_head", 248320, 5120)],
-        "dense": [("in_proj_ba", 96, 5120)],
-    },
-}
-MS = {"small": (1, 2, 3, 16, 17, 33), "bonsai27b": (1, 2, 3, 4, 8, 16, 17, 128, 2048)}
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# The case model lives in pq2verify.cases; these names are the check engine's view of it.
+from .cases import DTYPES, MS, SHAPES, Case, seeded, weight_seed  # noqa: F401
+from .cases import check_cases as cases  # noqa: F401
+_seeded = seeded
 REF_ROWS = 256            # reference rows sampled on large shapes (all rows when N is smaller)
-
-
-@dataclass(frozen=True)
-class Case:
-    path: str
-    shape: str
-    n: int
-    k: int
-    m: int
-    dtype: str
-    layout: str
-    kind: str = "normal"
-    strided: bool = False
-    seed: int = 0
-
-    @property
-    def id(self) -> str:
-        s = f"{self.path}:{self.shape}={self.n}x{self.k}:m{self.m}:{self.dtype}:{self.layout}:{self.kind}"
-        return s + (":strided" if self.strided else "") + f":seed{self.seed}"
-
-    def repro(self) -> str:
-        return f"pq2verify check --case {self.id}"
-
-    @classmethod
-    def parse(cls, spec: str) -> "Case":
-        """Inverse of `id`: path:shape=NxK:mM:dtype:layout:kind[:strided]:seedS."""
-        try:
-            parts = spec.split(":")
-            path, shape = parts[0], parts[1]
-            name, nk = shape.split("=")
-            n, k = (int(v) for v in nk.split("x"))
-            m = int(parts[2].removeprefix("m"))
-            dtype, layout, kind = parts[3], parts[4], parts[5]
-            strided = "strided" in parts[6:]
-            seed = int(parts[-1].removeprefix("seed"))
-        except (IndexError, ValueError):
-            raise ValueError(f"--case {spec!r}: expected path:shape=NxK:mM:dtype:layout:kind[:strided]:seedS") from None
-        registry.get(path)
-        if dtype not in DTYPES:
-            raise ValueError(f"--case: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        return cls(path, name, n, k, m, dtype, layout, kind, strided, seed)
-
-
-def cases(shapes="small", paths=None, kset=None, ms=None, dtypes=None, layouts=None) -> list[Case]:
-    """The case matrix. Activation kinds and strided rows rotate over the cases so every kind
-    and the strided corner are reached without multiplying the matrix."""
-    if shapes not in SHAPES:
-        raise ValueError(f"--shapes: expected one of {', '.join(SHAPES)}, got {shapes!r}")
-    sel = registry.PATHS if paths is None else [registry.get(p) for p in paths]
-    if kset is not None:
-        sel = [p for p in sel if kset == "exact" or p.kset == kset or (kset == "tuned" and p.kset == "legacy")]
-    out = []
-    for p in sel:
-        for shape, n, k in SHAPES[shapes][p.weight]:
-            for m in ms or MS[shapes]:
-                if not p.serves(m):
-                    continue
-                for dt in dtypes or DTYPES:
-                    if DTYPES[dt] not in p.dtypes:
-                        continue
-                    for lay in layouts or p.layouts:
-                        if lay not in p.layouts:
-                            continue
-                        i = len(out)
-                        c = Case(p.name, shape, n, k, m, dt, lay, ACTIVATION_KINDS[i % len(ACTIVATION_KINDS)],
-                                 strided=(i % 3 == 1))
-                        out.append(_seeded(c))
-    return out
-
-
-def _seeded(c: Case) -> Case:
-    # Inputs depend on the shape, M, dtype, kind and strided flag, not on the path, so a path
-    # and its counterpart see the same inputs; the layout changes bytes, never values.
-    key = f"{c.n}x{c.k}:{c.m}:{c.dtype}:{c.kind}:{c.strided}"
-    return Case(**{**asdict(c), "seed": zlib.crc32(key.encode()) % 100_000})
 
 
 @dataclass
@@ -111,6 +32,12 @@ class Result:
     claim_held: bool | None = None
     deterministic: bool | None = None
     written: bool | None = None
+    elem_ratio: float | None = None     # max over outputs of |y - Y| / per-element bound (<= 1 passes)
+    fold_used: float | None = None      # max (|y - Y| - half a spacing) / F: the share of F used
+    max_ulp: int | None = None          # max ulp distance to the FP64 reference rounded once
+    guards_intact: bool | None = None   # no write landed in the bands around out and dots
+    batch_invariant: bool | None = None
+    nan_exact: bool | None = None       # a planted NaN made exactly the reference's NaN outputs
     failures: list = field(default_factory=list)
 
     @property
@@ -141,7 +68,7 @@ def _weight(n: int, k: int, layout: str, device: str, dtype: str, dense: bool):
 def _weight_cached(n: int, k: int, layout: str, device: str, dtype: str, dense: bool):
     # Seeded by the shape alone: every path, M and layout of a shape reads the same values,
     # so the FP64 references are shared and a GPU run generates each large weight once.
-    seed = zlib.crc32(f"w{n}x{k}".encode()) % 100_000
+    seed = weight_seed(n, k)
     if dense:
         return dense_weight(n, k, seed, device, DTYPES[dtype])
     if layout == "raw":
@@ -197,31 +124,181 @@ class Inputs:
         return _reference(self._blank, self.dense, "dots", self.device)
 
 
-def call(path: registry.Path, inp: Inputs, *, with_dots: bool = False):
-    """Run one path on the case's inputs with outputs pre-filled with NaN."""
-    x, w = inp.x, inp.w
+# Guard bands around out and dots: a store past either end (a missing mask, a wrong row
+# stride) is silent on a GPU; it lands in a band and changes its sentinel bits. A band is 16 of
+# the buffer's rows (a tile of rows stored past M), at least 4 KiB, at most 16 MiB.
+GUARD_ROWS, GUARD_MIN_BYTES, GUARD_MAX_BYTES = 16, 4096, 16 << 20
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+_SENTINEL = {2: 0x7FA5, 4: 0x7FA5A5A5}   # a NaN with a payload (bf16 and fp16) / no int32 dot
+
+
+def _guarded(shape, dtype, device, fill):
+    """A contiguous tensor of `shape` filled with `fill`, inside a buffer whose bands before
+    and after it hold the sentinel. -> (tensor, buffer, band length in elements)."""
+    es = torch.empty((), dtype=dtype).element_size()
+    numel, row = math.prod(shape), math.prod(shape[1:])
+    band = min(max(GUARD_ROWS * row * es, GUARD_MIN_BYTES), GUARD_MAX_BYTES) // es
+    band = -(-band // 64) * 64            # 64 elements: out keeps the buffer's own alignment
+    buf = torch.full((2 * band + numel,), _SENTINEL[es], dtype=_INT[es], device=device).view(dtype)
+    t = buf[band:band + numel].view(shape)
+    t.fill_(fill)
+    return t, buf, band
+
+
+def _band_damage(what: str, buf, band: int) -> list[str]:
+    bits = buf.view(_INT[buf.element_size()])
+    sentinel = _SENTINEL[buf.element_size()]
+    out = []
+    for where, seg in (("before", bits[:band]), ("after", bits[bits.numel() - band:])):
+        hit = torch.nonzero(seg != sentinel).flatten().cpu()
+        if hit.numel():
+            near = band - int(hit.max()) if where == "before" else int(hit.min()) + 1
+            out.append(f"{what} written outside its extent: {hit.numel()} of {band} elements of the "
+                       f"guard band {where} it changed (nearest {near} element(s) {where} it)")
+    return out
+
+
+def call(path: registry.Path, inp: Inputs, *, with_dots: bool = False, kernel=None, x=None,
+         guards: list | None = None):
+    """Run one path on the case's inputs (or on `x`) with out pre-filled with NaN and dots with
+    -2^31, each inside poisoned guard bands. `kernel`, if given, replaces path.kernel() (same
+    signature as run(x, w, *, out=None, dots=None)): fault injection runs the checks against a
+    broken variant of the path. A changed band is appended to `guards`, or raised without it."""
+    x = inp.x if x is None else x
+    w = inp.w
     n = w.shape[0] if isinstance(w, torch.Tensor) else w.n
-    out = torch.full((x.shape[0], n), float("nan"), dtype=x.dtype, device=x.device)
+    out, obuf, oband = _guarded((x.shape[0], n), x.dtype, x.device, float("nan"))
     dots = None
     if with_dots and path.has_dots and x.shape[0] * n * w.groups * 4 <= DOTS_MAX_BYTES:
-        dots = torch.full((x.shape[0], n, w.groups), -2 ** 31, dtype=torch.int32, device=x.device)
-    y = path.kernel()(x, w, out=out, dots=dots) if path.has_dots else path.kernel()(x, w, out=out)
+        dots, dbuf, dband = _guarded((x.shape[0], n, w.groups), torch.int32, x.device, -2 ** 31)
+    run = kernel or path.kernel()
+    y = run(x, w, out=out, dots=dots) if path.has_dots else run(x, w, out=out)
     if y.data_ptr() != out.data_ptr():
         raise AssertionError(f"{path.name}.run ignored out=: it returned another tensor")
+    damage = _band_damage(f"{path.name}: out", obuf, oband)
+    if dots is not None:
+        damage += _band_damage(f"{path.name}: dots", dbuf, dband)
+    if damage and guards is None:
+        raise AssertionError("; ".join(damage))
+    if guards is not None:
+        guards.extend(d for d in damage if d not in guards)
     return y, dots
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({2: torch.int16, 4: torch.int32, 1: torch.uint8}[t.element_size()])
 
 
-def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism"), reruns: int = 5,
-             inp: Inputs | None = None) -> Result:
+def _like(x: torch.Tensor) -> torch.Tensor:
+    """An empty tensor with x's shape, strides and dtype (a strided x stays strided)."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+
+
+def _abs_sum(p: registry.Path, inp) -> np.ndarray:
+    """S of the per-element bound: the path's FP64 reference summed over absolute terms,
+    float64 [M, len(rows)]; cached on `inp` per reference."""
+    from reference import pq2, projection, q8
+    cache = inp.__dict__.setdefault("_abs_sums", {})
+    which = "dense" if inp.dense else p.reference
+    if which not in cache:
+        rows = inp.rows
+        if inp.dense:
+            s = projection.dense(inp.x.abs().cpu(), inp.w[rows.to(inp.w.device)].abs().cpu())
+        elif which == "dense":
+            s = projection.dense(inp.x.abs().cpu(), np.abs(pq2.decode(inp.w, rows=rows.numpy())))
+        else:   # sum_g |dot_g| * xs_g * |ws_g|, from the exact group dots
+            dots = inp.group_dots()
+            xs = q8.quantize_q8(inp.x).scales.astype(np.float64)
+            ws = np.abs(pq2.read(inp.w, rows=rows.numpy())[1].astype(np.float64))
+            s = np.zeros(dots.shape[:2])
+            for g in range(dots.shape[2]):
+                s += np.abs(dots[:, :, g]) * xs[:, g, None] * ws[None, :, g]
+        cache[which] = s
+    return cache[which]
+
+
+def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
+    """Per element: |y - Y| <= F + spacing(|Y| + F) / 2 (registry.FOLD_REASON says why)."""
+    from reference import metrics
+    ref = inp.reference("dense" if inp.dense else p.reference)
+    yt = y[:, inp.rows.to(y.device)].cpu()
+    ys = yt.double().numpy()
+    k = inp.x.shape[1]
+    f = p.fold_allowance(k // 128 if p.arithmetic == "integer" else k, _abs_sum(p, inp))
+    half = metrics.spacing(np.abs(ref) + f, dt) / 2
+    bound = f + half
+    err = np.abs(ys - ref)
+    with np.errstate(invalid="ignore"):
+        ratio = np.where(np.isfinite(ys), err / bound, np.inf)
+        used = np.where(np.isfinite(ys), (err - half) / f, np.inf)
+    r.elem_ratio = float(ratio.max()) if ratio.size else 0.0
+    r.fold_used = float(used.max()) if used.size else 0.0
+    r.max_ulp = metrics.max_ulp(yt, torch.from_numpy(metrics.round_once(ref, dt)).to(dt))
+    if not r.elem_ratio <= 1.0:
+        i, j = (int(v) for v in np.argwhere(ratio > 1.0)[0])
+        r.fail(f"per-element bound: {int((ratio > 1.0).sum())} of {ratio.size} outputs outside it (worst "
+               f"{r.elem_ratio:.3g}x); first y[{i}, {int(inp.rows[j])}] = {ys[i, j]!r} vs FP64 {ref[i, j]!r}, "
+               f"off by {err[i, j]:.3g} > {bound[i, j]:.3g} (fold allowance {f[i, j]:.3g} + half a "
+               f"{str(dt).replace('torch.', '')} spacing); max {r.max_ulp} ulp from the reference rounded once")
+
+
+def _batch(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
+    """Row i of the call must keep its bits when every other row is replaced."""
+    m, k = inp.x.shape
+    i, seed2 = c.seed % m, c.seed + 1
+    x2 = _like(inp.x)
+    x2.copy_(activations(m, k, seed2, c.kind, inp.x.dtype, inp.x.device))
+    x2[i] = inp.x[i]
+    y2, _ = call(p, inp, x=x2, kernel=kernel, guards=guards)
+    diff = torch.nonzero(bits(y2[i]) != bits(y[i])).flatten().cpu()
+    r.batch_invariant = diff.numel() == 0
+    if not r.batch_invariant:
+        j = int(diff[0])
+        r.fail(f"not batch invariant: row {i} changed in {diff.numel()} of {y.shape[1]} outputs when the "
+               f"other {m - 1} rows were replaced by {c.kind} activations of seed {seed2}; first at "
+               f"n={j}: {float(y2[i, j])!r} vs {float(y[i, j])!r}")
+
+
+def _nan(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
+    """One NaN planted in x (seeded): the outputs must be NaN exactly where the FP64 reference
+    is (the dense one: Q8 of NaN is undefined; NaN times any weight is NaN), and every other
+    row must keep its bits."""
+    from reference import projection
+    m, k = inp.x.shape
+    rng = np.random.default_rng(c.seed)
+    i, j = int(rng.integers(m)), int(rng.integers(k))
+    xn = _like(inp.x)
+    xn.copy_(inp.x)
+    xn[i, j] = float("nan")
+    y2, _ = call(p, inp, x=xn, kernel=kernel, guards=guards)
+    rows = inp.rows
+    xi = xn[i:i + 1].cpu()
+    ref = (projection.dense(xi, inp.w[rows.to(inp.w.device)].cpu()) if inp.dense
+           else projection.floating(xi, inp.w, rows=rows.numpy()))[0]
+    got = torch.isnan(y2[i, rows.to(y2.device)]).cpu().numpy()
+    wrong = np.flatnonzero(got != np.isnan(ref))
+    others = [v for v in range(m) if v != i]
+    moved = torch.nonzero((bits(y2[others]) != bits(y[others])).any(1)).flatten().cpu()
+    r.nan_exact = wrong.size == 0 and moved.numel() == 0
+    where = f"a NaN at x[{i}, {j}] (group {j // 128}, from seed {c.seed})"
+    if wrong.size:
+        n = int(rows[wrong[0]])
+        r.fail(f"NaN propagation: {where}: {wrong.size} of {rows.numel()} outputs of row {i} disagree with "
+               f"the FP64 reference on NaN; first n={n}: {float(y2[i, n])!r}, reference {ref[wrong[0]]!r}")
+    if moved.numel():
+        r.fail(f"NaN propagation: {where} changed {moved.numel()} other row(s), first row {others[int(moved[0])]}")
+
+
+def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "batch", "nan"),
+             reruns: int = 5, inp: Inputs | None = None, kernel=None) -> Result:
+    """Run the checks on one case. `kernel` replaces the path's run for every call of this
+    path (first call, reruns, batch and NaN calls); a claimed counterpart runs its own kernel.
+    "rms" holds both numeric verdicts: relative RMS and the per-element bound. Every call's
+    out and dots sit in guard bands, checked whatever `checks` says."""
     from reference import metrics
     p = registry.get(c.path)
     inp = inp or Inputs(c, device)
     r = Result(c)
-    y, dots = call(p, inp, with_dots="exact" in checks)
+    guards = []
+    y, dots = call(p, inp, with_dots="exact" in checks, kernel=kernel, guards=guards)
     finite_x = bool(torch.isfinite(inp.x.float()).all())
     r.written = not bool(torch.isnan(y).any()) if finite_x else None
     if r.written is False:
@@ -238,6 +315,8 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism"), r
             setattr(r, f"tol_{which}", tol)
             if not err <= tol:
                 r.fail(f"relative RMS vs {which} FP64 reference {err:.3g} > tolerance {tol:.3g}")
+        if finite_x:
+            _elementwise(r, p, inp, y, dt)
     if "exact" in checks:
         if dots is not None:
             got = dots[:, inp.rows.to(dots.device)].cpu().to(torch.int64).numpy()
@@ -250,23 +329,30 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism"), r
         other = p.bit_identical_to or p.dots_equal_to
         if other is not None and registry.get(other).serves(c.m):
             q = registry.get(other)
-            y2, d2 = call(q, inp, with_dots=p.dots_equal_to is not None)
+            y2, d2 = call(q, inp, with_dots=p.dots_equal_to is not None, guards=guards)
             if p.bit_identical_to:
                 r.claim = f"bytes == {other}"
-                r.claim_held = bool(torch.equal(_bits(y), _bits(y2)))
+                r.claim_held = bool(torch.equal(bits(y), bits(y2)))
             else:
                 r.claim = f"dots == {other}"
                 r.claim_held = bool(torch.equal(dots, d2))
             if not r.claim_held:
                 r.fail(f"exactness claim '{r.claim}' does not hold")
     if "determinism" in checks and p.deterministic:
-        ref_bits = _bits(y)
+        ref_bits = bits(y)
         same = True
         for _ in range(reruns):
-            y2, _ = call(p, inp)
-            same &= bool(torch.equal(_bits(y2), ref_bits))
+            y2, _ = call(p, inp, kernel=kernel, guards=guards)
+            same &= bool(torch.equal(bits(y2), ref_bits))
         r.deterministic = same
         if not same:
             r.fail(f"not deterministic: {reruns} reruns did not all give identical bytes "
                    "(the first run also wrote group dots)")
+    if "batch" in checks and p.batch_invariant and c.m >= 2:
+        _batch(r, c, p, inp, y, kernel, guards)
+    if "nan" in checks and finite_x:
+        _nan(r, c, p, inp, y, kernel, guards)
+    r.guards_intact = not guards
+    for g in guards:
+        r.fail(g)
     return r

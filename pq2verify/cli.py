@@ -2,21 +2,83 @@
 `register(subparsers)`, which adds its parser and sets `func` (args -> exit code)."""
 import argparse
 import importlib
+import os
 import sys
+
 
 class UsageError(Exception):
     """Bad command-line input found after parsing (an unknown path, a bad set): main prints it,
     naming the option, and exits with status 2, as argparse does for its own errors."""
 
 
-SUBCOMMANDS = ("pq2verify.check_cli", "pq2verify.golden_cli", "pq2verify.gsm8k.cli", "pq2verify.bench_cli")
+def _int_at_least(lo: int):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            v = None
+        if v is None or v < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {s!r}")
+        return v
+    return parse
+
+
+# argparse `type=` validators shared by every subcommand: the error names the option
+positive_int = _int_at_least(1)
+nonneg_int = _int_at_least(0)
+
+
+def positive_ints(s: str) -> list[int]:
+    """A comma-separated list of integers >= 1 (e.g. --m 1,17)."""
+    vals = [v.strip() for v in s.split(",") if v.strip()]
+    if not vals:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {s!r}")
+    return [positive_int(v) for v in vals]
+
+
+def check_writable(path, option: str, *, directory: bool = False, make_parents: bool = False) -> None:
+    """Raise UsageError, naming the option, if `path` cannot be written, so a run fails before
+    its work instead of losing it at the end. Leaves nothing behind: an existing file is opened
+    for append and closed, a folder is probed with a temporary file that is deleted at once.
+    directory: `path` is a folder to write into (the command creates it if missing);
+    make_parents: the command creates missing parent folders too.
+    Used by check, bench and gsm8k on their output paths; golden's --json/--dir can call it too."""
+    import tempfile
+    p = os.path.abspath(os.fspath(path))
+    what = f"{option} {os.fspath(path)}"
+    if os.path.exists(p) and directory != os.path.isdir(p):
+        raise UsageError(f"{what}: is {'not ' if directory else ''}a directory")
+    if os.path.exists(p) and not directory:
+        target, probe = p, lambda: open(p, "a").close()
+    else:
+        target = p if os.path.exists(p) else os.path.dirname(p)
+        if make_parents:
+            while not os.path.exists(target):
+                target = os.path.dirname(target)
+        if not os.path.isdir(target):
+            why = "is not a directory" if os.path.exists(target) else "does not exist"
+            raise UsageError(f"{what}: {target} {why}")
+        probe = lambda: tempfile.TemporaryFile(dir=target).close()  # noqa: E731
+    try:
+        probe()
+    except OSError as e:
+        raise UsageError(f"{what}: cannot write to {target}: {e.strerror or e}") from None
+
+
+SUBCOMMANDS = ("pq2verify.check_cli", "pq2verify.golden_cli", "pq2verify.gsm8k.cli", "pq2verify.bench_cli",
+               "pq2verify.selftest_cli", "pq2verify.replay_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pq2verify", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                     help="cuda, or cpu with Triton's interpreter (default: cuda if present)")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap.add_argument("--version", action="version", version=f"pq2verify {_version()}")
+    ap.add_argument("--list-paths", action="store_true", help="print the registry's kernel paths and exit")
+    ap.add_argument("--list-cases", metavar="PROFILE", default=None,
+                    help="print the case ids of a profile (check, golden, bench, selftest) on this "
+                         "backend and exit; each id is also a --case filter")
+    sub = ap.add_subparsers(dest="command")
     for name in SUBCOMMANDS:
         try:
             mod = importlib.import_module(name)
@@ -28,15 +90,56 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("pq2verify")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def list_paths() -> str:
+    from . import registry
+    rows = [("path", "set", "M", "weight", "layouts", "arithmetic", "claims", "note")]
+    for p in registry.PATHS:
+        claims = ", ".join(f"{k} {v}" for k, v in (("bytes ==", p.bit_identical_to), ("dots ==", p.dots_equal_to)) if v)
+        rows.append((p.name, p.kset, p.m_range(), p.weight, "/".join(p.layouts), p.arithmetic, claims or "-",
+                     "deselected" if p.deselected else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from . import backend
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    from . import backend, dispatch
     try:
         backend.select(args.device)
     except (RuntimeError, ValueError) as e:
         print(f"pq2verify: {e}", file=sys.stderr)
         return 2
+    if args.list_paths:
+        print(list_paths())
+        return 0
+    if args.list_cases:
+        from . import cases
+        try:
+            todo = cases.profile(args.list_cases, backend.golden_key())
+        except ValueError as e:
+            print(f"pq2verify --list-cases: error: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(c.id for c in todo))
+        return 0
+    if args.command is None:
+        ap.print_usage(sys.stderr)
+        print("pq2verify: error: a command is required (check, golden, gsm8k, bench, selftest, ...)",
+              file=sys.stderr)
+        return 2
     try:
+        try:
+            dispatch.validate_env()    # a typo'd PQ2_* variable would silently change what runs
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"pq2verify {args.command}: error: {e}", file=sys.stderr)

@@ -9,13 +9,12 @@ from pathlib import Path as _P
 
 import torch
 
-from . import registry
+from . import kernelsets, registry
 from . import validate as _check
 from .weights import PQ2Weight
 
 ENV_SET = "PQ2_KERNELS"
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
-VERIFIED_DIR = _P(__file__).parent / "verified"
 
 TRACE: Counter = Counter()       # every call since import, per path name
 _traces: list[Counter] = []      # open trace() contexts
@@ -35,30 +34,42 @@ def trace():
 
 def kernel_set(kernels: str | None = None) -> str:
     kset = kernels if kernels is not None else os.environ.get(ENV_SET, "tuned")
-    if kset not in registry.KERNEL_SETS:
-        src = "kernels=" if kernels is not None else f"{ENV_SET}="
-        raise ValueError(f"{src}{kset!r}: unknown kernel set; expected one of {', '.join(registry.KERNEL_SETS)}")
-    return kset
+    return kernelsets.check_name(kset, "kernels=" if kernels is not None else f"{ENV_SET}=")
 
 
 def switches() -> dict[str, bool]:
     """Per-path environment switches PQ2_PATH_<NAME>=on|off (unset: follow the set)."""
+    for k in os.environ:
+        # the names are exact: a PQ2_PATH_single would otherwise be read by nothing
+        if k.upper().startswith("PQ2_PATH_"):
+            p = registry.BY_NAME.get(k[9:].lower())
+            if p is None:
+                raise ValueError(f"{k}: no such path; known paths: {', '.join(registry.BY_NAME)}")
+            if k != p.env:
+                raise ValueError(f"{k}: switch names are upper case; use {p.env}")
     out = {}
     for p in registry.PATHS:
         v = os.environ.get(p.env)
         if v is None or v == "":
             continue
-        v = v.strip().lower()
-        if v in _ON:
+        s = v.strip().lower()
+        if s in _ON:
             out[p.name] = True
-        elif v in _OFF:
+        elif s in _OFF:
             out[p.name] = False
         else:
             raise ValueError(f"{p.env}={v!r}: expected on or off")
-    for k in os.environ:
-        if k.startswith("PQ2_PATH_") and k[9:].lower() not in registry.BY_NAME:
-            raise ValueError(f"{k}: no such path; known paths: {', '.join(registry.BY_NAME)}")
     return out
+
+
+def validate_env() -> None:
+    """Every PQ2_KERNELS / PQ2_PATH_* variable read by dispatch is valid (the CLI calls this
+    before any work): raise ValueError naming the variable otherwise."""
+    for k in os.environ:
+        if k.upper() == ENV_SET and k != ENV_SET:
+            raise ValueError(f"{k}: the variable is {ENV_SET} (upper case)")
+    kernel_set()
+    switches()
 
 
 def backend_key(device: torch.device) -> str:
@@ -66,31 +77,13 @@ def backend_key(device: torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(device)
         return f"sm{major}{minor}"
     from kernels.common import INTERPRET
-    return "interpreter" if INTERPRET else "emulate"
-
-
-def verified_exact(key: str) -> set[str]:
-    """Tuned paths whose bit-identity to their legacy counterpart `check --derive-exact` proved
-    on this backend. Missing file: none (the exact set is then the legacy set)."""
-    f = VERIFIED_DIR / f"exact-{'interpreter' if key == 'emulate' else key}.json"
-    if not f.exists():
-        return set()
-    data = json.loads(f.read_text())
-    return {name for name, r in data["paths"].items() if r.get("held")}
+    from . import backend
+    return "interpreter" if INTERPRET and backend.cpu_backend() == "interpreter" else "emulate"
 
 
 def candidates(kset: str, weight_kind: str, key: str) -> list[registry.Path]:
     sw = switches()
-    tuned = [p for p in registry.paths(kset="tuned", weight=weight_kind) if not p.deselected]
-    legacy = [p for p in registry.paths(kset="legacy", weight=weight_kind)]
-    legacy.sort(key=lambda p: p.arithmetic == "floating")  # integer legacy paths before native
-    if kset == "legacy":
-        chosen = legacy
-    elif kset == "tuned":
-        chosen = tuned + legacy
-    else:
-        ok = verified_exact(key)
-        chosen = [p for p in tuned if p.name in ok] + legacy
+    chosen = kernelsets.members(kset, key, weight=weight_kind)
     # on: preferred over the set's own choice (an A/B can route through any path); off: never
     forced = [p for p in registry.paths(weight=weight_kind) if sw.get(p.name)]
     return forced + [p for p in chosen if p not in forced and sw.get(p.name, True)]

@@ -27,8 +27,7 @@ RCP127 = torch.tensor(0.007874015718698502, dtype=torch.float32)
 # Fold order over the K groups, per path. int_gemv, mmq and mmq_planes fold every group in
 # ascending order from 0.0 (mmq_planes keeps mmq's order, hence bit-identical). single and
 # small_mma take their order from the kernels' own `fold()` (kernels/single.py,
-# kernels/small_mma.py), which follows the config this process's kernels would launch (the
-# GPU's under this emulation, since it runs without TRITON_INTERPRET):
+# kernels/small_mma.py) for the GPU's config, whatever this process's interpreter mode:
 #   single:    split-K over contiguous group ranges; in a split, lane c of GC lanes folds groups
 #              c, c+GC, ... ascending; lanes summed by a pairwise tree ((l0+l1)+(l2+l3))+...;
 #              splits summed ((p0+p1)+p2)+...
@@ -204,10 +203,10 @@ def kernel_plan(path_name: str, m: int, w: PQ2Weight) -> list[list[list[int]]]:
     try:
         if path_name == "single":
             from kernels import single
-            f = single.fold(w.n, w.k)
+            f = single.fold(w.n, w.k, interpret=False)
         elif path_name == "small_mma":
             from kernels import small_mma
-            f = small_mma.fold(m, w.n, w.k)
+            f = small_mma.fold(m, w.n, w.k, interpret=False)
         else:
             f = None
     except ImportError:

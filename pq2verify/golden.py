@@ -2,48 +2,74 @@
 (golden/interpreter/, golden/sm90/: GPU and interpreter rounding differ).
 
 A capture directory holds
-- inputs.safetensors: the activations of every case (and weights small enough to store),
+- inputs.safetensors: the activations and weights of every case (format-1 captures stored only
+  weights up to 64 KB and regenerate the others from their seed, which holds only on a host
+  whose torch CPU capability gives the same randn bits),
 - <path>.safetensors: that path's output of every case, keyed by case id,
-- manifest.json: per-file sha256, the cases, each weight as seed + shape + sha256 (large ones
-  are regenerated on the CPU and their hash verified), per path the sha256 of its kernel
-  sources, torch and triton versions, GPU name or 'interpreter', commit and date.
+- manifest.json: per-file sha256, the cases (each with the sha256 of its x and y), each weight
+  as seed + shape + sha256, per path the sha256 of its kernel sources, how its bits may be
+  compared ("bits", see below) and the CPU it was captured on ("isa"), torch and triton
+  versions, GPU name or 'interpreter', commit and date.
 
-`verify` recomputes every case and requires identical bytes. A missing capture raises
-NoCapture (a skip: the message says how to capture); a file whose hash does not match the
-manifest raises GoldenIntegrityError (an error, never a pass); a kernel whose source changed
-while its output still matches is reported as 'source changed, output identical'.
+`verify` recomputes every case and compares it with the capture; it also fails every case the
+code expects for the backend (cases(key)) that the capture lacks, and every case whose stored
+bytes do not match their sha256. A missing capture raises NoCapture: a failure for a backend in
+COMMITTED (the capture is in git), reported with how to capture; a file whose hash does not
+match the manifest raises GoldenIntegrityError naming the cases it holds (an error, never a
+pass); a kernel whose source changed while its output still matches is reported as 'source
+changed, output identical'.
+
+Bits that depend on the CPU. On the interpreter a floating path's FP32 fold order is chosen by
+the CPU's instruction set, not by our code: Triton's interpreter runs a floating tl.dot as numpy
+float32 matmul, i.e. OpenBLAS sgemm, whose kernel (and so its summation order) OpenBLAS picks per
+CPU core type (native, small_gemm); the cublas path is torch.matmul, whose bf16/fp16 kernel ATen,
+oneDNN and MKL pick by the CPU (ATEN_CPU_CAPABILITY, avx512_bf16, AMX...). Measured on an AVX-512
+EPYC (2026-11-30): cublas M=17 differs by 1 ulp in 1-3 of 1632 elements between AVX-512 with bf16,
+ONEDNN_MAX_CPU_ISA=AVX2 and ATEN_CPU_CAPABILITY=default; small_gemm's output differs on 1 of 16
+bf16 and 7 of 16 fp16 random M=16 inputs between OPENBLAS_CORETYPE=Haswell and SkylakeX. Such a
+path is captured with "bits": "isa-dependent", the reason, and the ISA key of the machine (isa():
+CPU flags, torch's CPU capability, numpy's BLAS core, threads...). It is compared bit for bit
+where the ISA key equals the capture's, and otherwise per element within a derived bound: two
+FP32 folds of the same exact products, in any orders, each lie within F of the exact sum
+(F = (K + 2) 2^-24 S with S = sum_k |x_k||w_k| from the captured inputs, see fold_bound), and
+each is then rounded once to the output dtype (half a spacing), so
+    |y - golden| <= 2 F + spacing(max(|y|, |golden|)).
+Integer paths stay exact everywhere: their INT8 dots are exact and their FP32 epilogue is a fixed
+sequence of elementwise IEEE operations (identical bits under every setting above). GPU captures
+are keyed by the architecture (sm90) and compared bit for bit.
 """
 import ast
 import hashlib
-import importlib
 import json
-import zlib
+import os
+import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import backend, checks, inputs, provenance, registry
-from .graphs import bits, same_bits
+from . import cases as casemodel
+from .bits import bits, same_bits
 from .weights import PQ2Weight
 
 GOLDEN = provenance.ROOT / "golden"
-FORMAT = 1
+FORMAT = 2
+# format 1 (golden/sm90 of 2026-11-30): no per-case x hash, no "bits"/"isa" per path (read as
+# the code's bits class, with the capture's ISA unknown)
+READABLE = (1, 2)
+# backends whose capture is committed to git: a missing one is a failure, not a skip
+COMMITTED = ("interpreter", "sm90")
+MODEL_COMMITTED = ("sm90",)        # and those whose GSM8K model capture (<key>/model/) is committed
 MANIFEST = "manifest.json"
 INPUTS = "inputs.safetensors"
-STORE_WEIGHT_MAX = 64 * 1024      # bytes: smaller weights are stored, larger ones regenerated
 
-# Cases. Interpreter: small shapes, one with split-K geometry; GPU: modest shapes (N, K <= 2048).
-SHAPES = {
-    "interpreter": {"pq2": [("ga", 64, 256, "all"), ("gb", 40, 1024, "one")], "dense": [("gd", 96, 256, "all")]},
-    "gpu": {"pq2": [("ga", 2048, 2048, "all"), ("gb", 1536, 1024, "one")], "dense": [("gd", 96, 2048, "all")]},
-}
-MS = {"interpreter": (1, 2, 17), "gpu": (1, 4, 17, 64)}
-KINDS = inputs.ACTIVATION_KINDS
 
 
 class NoCapture(Exception):
-    """No capture for this backend: a reason to skip, saying how to make one."""
+    """No capture for this backend: a failure (a skip only with an explicit opt-out, and in
+    pytest for a backend outside COMMITTED), saying how to make one."""
 
 
 class GoldenIntegrityError(Exception):
@@ -71,9 +97,113 @@ def default_dir(key: str | None = None) -> Path:
     return GOLDEN / (key or backend.golden_key())
 
 
-def capture_hint(key: str) -> str:
+def capture_hint(key: str, paths=None) -> str:
     dev = "cpu" if key == "interpreter" else "cuda"
-    return f"pq2verify --device {dev} golden capture   (writes golden/{key}/; commit it)"
+    only = f" --paths {','.join(paths)}" if paths else ""
+    return f"pq2verify --device {dev} golden capture{only}   (writes golden/{key}/; commit it)"
+
+
+def repro(key: str, case_id: str, d: Path | None = None) -> str:
+    """The one-line command that re-runs this case's verification."""
+    dev = "cpu" if key == "interpreter" else "cuda"
+    where = "" if d is None or Path(d).resolve() == default_dir(key).resolve() else f" --dir {d}"
+    return f"pq2verify --device {dev} golden verify{where} --case '{case_id}'"
+
+
+# --- bits that depend on the CPU (see the module docstring) ----------------------------------
+_ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+              "avx512_fp16", "avx512_vnni", "avx_vnni", "avx_ne_convert", "amx_tile", "amx_bf16",
+              "amx_fp16", "asimd", "sve", "sve2", "bf16")
+# variables that change which CPU kernels oneDNN / MKL pick (ATEN_CPU_CAPABILITY shows in
+# torch's capability, OPENBLAS_CORETYPE in numpy's BLAS core)
+_ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_DEFAULT_FPMATH_MODE",
+            "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE")
+_REASON = {
+    "blas": "the interpreter runs this path's floating tl.dot as numpy float32 matmul (OpenBLAS "
+            "sgemm), whose summation order OpenBLAS picks per CPU core type",
+    "torch": "torch.matmul on the CPU: ATen, oneDNN and MKL pick the bf16/fp16 GEMM kernel, and "
+             "with it the FP32 summation order, by the CPU's instruction set",
+    "integer": "INT8 dots are exact and the FP32 epilogue is a fixed sequence of elementwise IEEE "
+               "operations: the same bits on every CPU",
+    "gpu": "compiled for this GPU architecture; bits are compared on the same key only",
+}
+
+
+def bits_class(key: str, p: registry.Path) -> tuple[str, str]:
+    """('isa-dependent' | 'exact', why) for a path's outputs on a backend. This, not the
+    manifest's copy of it, decides how a capture is compared: editing a manifest cannot loosen
+    a comparison."""
+    if key != "interpreter":
+        return "exact", _REASON["gpu"]
+    if p.arithmetic != "floating":
+        return "exact", _REASON["integer"]
+    return "isa-dependent", _REASON["torch" if p.name == "cublas" else "blas"]   # cublas: torch.matmul
+
+
+def _cpu() -> tuple[str, str]:
+    """(vendor, space-separated ISA flags that select kernels) from /proc/cpuinfo; 'unknown'
+    where it says nothing (isa_difference then never calls two keys equal)."""
+    vendor, flags = "unknown", None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = (t.strip() for t in line.partition(":"))
+                if k in ("vendor_id", "CPU implementer") and vendor == "unknown":
+                    vendor = v
+                elif k in ("flags", "Features"):
+                    flags = set(v.split())
+                    break
+    except OSError:
+        pass
+    return vendor, "unknown" if flags is None else " ".join(f for f in _ISA_FLAGS if f in flags)
+
+
+def _blas() -> str:
+    """numpy's BLAS library, version and (for OpenBLAS) the core type it chose at run time."""
+    import ctypes
+    import glob
+    try:
+        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        name = f"{cfg.get('name', '?')} {cfg.get('version', '?')}"
+    except Exception:      # numpy's config layout varies between versions: say so, never guess
+        name = "unknown"
+    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs", "*openblas*"))
+    for lib in libs:
+        dll = ctypes.CDLL(lib)      # already loaded by numpy: the same handle, the same core
+        for sym in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                    "openblas_get_corename"):
+            fn = getattr(dll, sym, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return f"{name} core {fn().decode()}"
+    return f"{name} core unknown"
+
+
+def isa() -> dict:
+    """What picks the CPU kernels, and so the fold order, of an isa-dependent path here. Two
+    machines with equal keys run the same kernels; anything unknown makes keys unequal."""
+    vendor, flags = _cpu()
+    return {"machine": platform.machine(), "cpu": vendor, "cpu_flags": flags,
+            "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(), "numpy": np.__version__, "numpy_blas": _blas(),
+            "env": {k: os.environ[k] for k in _ISA_ENV if k in os.environ}}
+
+
+def isa_difference(captured: dict | None, now: dict) -> str:
+    """'' if the keys are equal, else what differs, e.g. 'torch_cpu_capability AVX512 -> AVX2'."""
+    if not captured:
+        return "the capture's ISA was not recorded"
+    unknown = sorted(k for k, v in now.items() if "unknown" in str(v))
+    if unknown:     # equal keys must mean the same kernels: an incomplete key proves nothing
+        return f"this machine's ISA key is incomplete ({', '.join(unknown)} unknown)"
+    diff = [f"{k} {captured.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(captured) | set(now))
+            if captured.get(k) != now.get(k)]
+    return "; ".join(diff)
+
+
+def _bits_record(key: str, p: registry.Path) -> dict:
+    cls, why = bits_class(key, p)
+    return {"bits": cls, "bits_reason": why, "isa": isa() if cls == "isa-dependent" else None}
 
 
 # --- kernel sources ------------------------------------------------------------------------
@@ -118,44 +248,14 @@ def source_hashes(path: registry.Path) -> dict:
 
 # --- cases and inputs ----------------------------------------------------------------------
 def cases(key: str, paths=None, kset: str | None = None) -> list[checks.Case]:
-    """The fixed case set of a backend ('interpreter' or any GPU key)."""
-    kind_set = "interpreter" if key == "interpreter" else "gpu"
-    sel = select_paths(paths, kset)
-    out = []
-    for p in sel:
-        for shape, n, k, span in SHAPES[kind_set][p.weight]:
-            for i, m in enumerate(MS[kind_set]):
-                if not p.serves(m):
-                    continue
-                for j, dt in enumerate(checks.DTYPES):
-                    if checks.DTYPES[dt] not in p.dtypes or (span == "one" and j):
-                        continue
-                    for lay in p.layouts:
-                        if span == "one" and lay == "raw":
-                            continue
-                        # kinds and strides depend on (M, dtype) only, so paths share inputs
-                        c = checks.Case(p.name, shape, n, k, m, dt, lay, KINDS[(i + 2 * j) % len(KINDS)],
-                                        strided=m > 1 and i % 2 == 1)
-                        out.append(checks._seeded(c))
-    return out
+    """The golden profile of a backend (pq2verify.cases.golden_cases)."""
+    return casemodel.golden_cases(key, paths, kset)
 
 
 def select_paths(paths=None, kset: str | None = None) -> list[registry.Path]:
-    """Registry paths by name and/or by the kernel set that can serve them: legacy -> the
-    legacy paths; tuned -> all (tuned falls back on legacy); exact -> legacy plus the tuned
-    paths proven bit-identical on this backend."""
-    sel = list(registry.PATHS) if not paths else [registry.get(p) for p in paths]
-    if kset is None:
-        return sel
-    if kset not in registry.KERNEL_SETS:
-        raise ValueError(f"--kernels: {kset!r} is not a kernel set; expected one of {', '.join(registry.KERNEL_SETS)}")
-    if kset == "legacy":
-        return [p for p in sel if p.kset == "legacy"]
-    if kset == "exact":
-        from .dispatch import verified_exact
-        ok = verified_exact(backend.golden_key())
-        return [p for p in sel if p.kset == "legacy" or p.name in ok]
-    return sel
+    """Registry paths by name and/or by what the kernel set holds on this backend (the one
+    rule, pq2verify.kernelsets)."""
+    return casemodel.select_paths(paths, kset, backend.golden_key())
 
 
 def x_key(c: checks.Case) -> str:
@@ -164,7 +264,7 @@ def x_key(c: checks.Case) -> str:
 
 def weight_meta(c: checks.Case) -> tuple[str, dict]:
     dense = registry.get(c.path).weight == "dense"
-    seed = zlib.crc32(f"w{c.n}x{c.k}".encode()) % 100_000
+    seed = casemodel.weight_seed(c.n, c.k)
     if dense:
         return f"wd:{c.n}x{c.k}:{c.dtype}:seed{seed}", {"kind": "dense", "n": c.n, "k": c.k, "dtype": c.dtype, "seed": seed}
     return f"w:{c.n}x{c.k}:seed{seed}", {"kind": "pq2", "n": c.n, "k": c.k, "seed": seed}
@@ -190,9 +290,10 @@ def make_x(c: checks.Case) -> torch.Tensor:
     return inputs.activations(c.m, c.k, c.seed, c.kind, checks.DTYPES[c.dtype], "cpu")
 
 
-def run_case(c: checks.Case, x: torch.Tensor, w, device) -> torch.Tensor:
+def run_case(c: checks.Case, x: torch.Tensor, w, device, *, kernel=None) -> torch.Tensor:
     """The path's output bytes (on the CPU) for stored x: strided cases read x from a buffer
-    twice as wide whose other half is NaN; the output is pre-filled with NaN."""
+    twice as wide whose other half is NaN; the output is pre-filled with NaN. `kernel` replaces
+    the path's run (pq2verify.selftest runs broken variants against the captures)."""
     p = registry.get(c.path)
     xd = x.to(device)
     if c.strided:
@@ -200,7 +301,7 @@ def run_case(c: checks.Case, x: torch.Tensor, w, device) -> torch.Tensor:
         buf[:, : c.k] = xd
         xd = buf[:, : c.k]
     out = torch.full((c.m, c.n), float("nan"), dtype=xd.dtype, device=device)
-    y = p.kernel()(xd, w, out=out)
+    y = (kernel or p.kernel())(xd, w, out=out)
     if y.data_ptr() != out.data_ptr():
         raise AssertionError(f"{p.name}.run ignored out=")
     return y.cpu()
@@ -256,15 +357,21 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
     man = old.manifest if old else {"format": FORMAT, "backend_key": backend.golden_key(),
                                     "files": {}, "paths": {}, "weights": {}, "cases": []}
     names = {c.path for c in todo}
-    keep = [e for e in man["cases"] if e["path"] not in names]
     xs = _load_tensors(dest, INPUTS) if old else {}
+    if old:
+        _upgrade(man, xs)                      # the kept cases of a format-1 capture, as format 2
+    keep = [e for e in man["cases"] if e["path"] not in names]
+    key = backend.golden_key()
     prov = _provenance(device)
     weights, ys, new, refused = {}, {}, [], []
     for i, c in enumerate(todo):
         wkey, meta = weight_meta(c)
         if wkey not in weights:
             data = make_weight(meta)
-            meta = dict(meta, sha256=tensor_sha256(data), stored=data.numel() * data.element_size() <= STORE_WEIGHT_MAX)
+            # stored, whatever its size: torch's CPU randn/exp bits follow ATen's CPU capability
+            # (dense_weight(96, 2048) differs under ATEN_CPU_CAPABILITY=default), so a weight
+            # regenerated on another host may not be the captured one (format-1 captures did)
+            meta = dict(meta, sha256=tensor_sha256(data), stored=True)
             weights[wkey] = (data, meta)
         data, meta = weights[wkey]
         x = make_x(c)
@@ -279,8 +386,8 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
             continue
         xs[x_key(c)] = x
         ys.setdefault(c.path, {})[c.id] = y
-        e = {"id": c.id, **asdict(c), "x": x_key(c), "weight": wkey, "file": f"{c.path}.safetensors",
-             "y_sha256": tensor_sha256(y)}
+        e = {"id": c.id, **asdict(c), "x": x_key(c), "x_sha256": tensor_sha256(x), "weight": wkey,
+             "file": f"{c.path}.safetensors", "y_sha256": tensor_sha256(y)}
         new.append(e)
         log(f"[{i + 1}/{len(todo)}] {c.id}")
     for wkey, (data, meta) in weights.items():
@@ -291,7 +398,8 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
     for name in names:
         if name in ys:
             man["files"][f"{name}.safetensors"] = _save_tensors(dest, f"{name}.safetensors", ys[name])
-            man["paths"][name] = {"source": source_hashes(registry.get(name)), **prov}
+            man["paths"][name] = {"source": source_hashes(registry.get(name)),
+                                  **_bits_record(key, registry.get(name)), **prov}
         else:                                  # nothing captured for this path: drop its old file
             man["files"].pop(f"{name}.safetensors", None)
             man["paths"].pop(name, None)
@@ -300,9 +408,38 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
     man["weights"] = {k: v for k, v in man["weights"].items() if k in used}
     xs = {k: v for k, v in xs.items() if k in used}
     man["files"][INPUTS] = _save_tensors(dest, INPUTS, xs)
-    man.update({"format": FORMAT, "backend_key": backend.golden_key(), "backend": backend.name(), **prov})
+    man.update({"format": FORMAT, "backend_key": key, "backend": backend.name(), **prov})
     man["refused"] = [{"id": c.id, "why": why} for c, why in refused]
-    (dest / MANIFEST).write_text(json.dumps(man, indent=1, sort_keys=True) + "\n")
+    _write_manifest(dest, man)
+    return man
+
+
+def _write_manifest(d: Path, man: dict) -> None:
+    (Path(d) / MANIFEST).write_text(json.dumps(man, indent=1, sort_keys=True) + "\n")
+
+
+def _upgrade(man: dict, xs: dict) -> dict:
+    """A format-1 manifest as format 2, no tensor touched: each case's x hash from the stored
+    inputs (whose file hash load() has checked) and each path's bits class; the CPU a format-1
+    capture ran on was not recorded ("isa": None), so its isa-dependent paths compare by the
+    bound on every machine until recaptured."""
+    for e in man["cases"]:
+        if "x_sha256" not in e and e["x"] in xs:
+            e["x_sha256"] = tensor_sha256(xs[e["x"]])
+    for name, rec in man["paths"].items():
+        if "bits" not in rec and name in registry.BY_NAME:
+            cls, why = bits_class(man["backend_key"], registry.get(name))
+            rec.update(bits=cls, bits_reason=why, isa=None)
+    man["format"] = FORMAT
+    return man
+
+
+def upgrade(d: Path) -> dict:
+    """Rewrite the format-1 manifest in d as format 2 (see _upgrade); the tensor files and
+    their hashes stay as they are."""
+    g = load(d)
+    man = _upgrade(g.manifest, g.tensors(INPUTS))
+    _write_manifest(d, man)
     return man
 
 
@@ -321,41 +458,86 @@ def load(d: Path) -> Golden:
     d = Path(d)
     f = d / MANIFEST
     if not f.exists():
-        key = d.name
-        raise NoCapture(f"no golden capture for backend '{key}' ({f} is missing); capture with: {capture_hint(key)}")
+        model = d.name == "model"                        # golden/<key>/model: golden_model's capture
+        key = d.parent.name if model else d.name
+        sub = "/model" if model else ""
+        committed = (f" The capture golden/{key}{sub} is committed: restore it (git checkout -- golden/{key}{sub}) or"
+                     if key in (MODEL_COMMITTED if model else COMMITTED) else "")
+        hint = capture_hint(key).replace(" capture", " capture --model", 1) if model else capture_hint(key)
+        raise NoCapture(f"no golden {'model ' if model else ''}capture for backend '{key}' ({f} is missing)."
+                        f"{committed} capture with: {hint}")
     try:
         man = json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise GoldenIntegrityError(f"{f}: not valid JSON ({e})") from None
-    if man.get("format") != FORMAT:
-        raise GoldenIntegrityError(f"{f}: format {man.get('format')!r}, this pq2verify reads format {FORMAT}")
+    if man.get("format") not in READABLE:
+        raise GoldenIntegrityError(f"{f}: format {man.get('format')!r}, this pq2verify reads formats "
+                                   f"{', '.join(map(str, READABLE))}")
     for name, want in sorted(man.get("files", {}).items()):
         p = d / name
         if not p.exists():
-            raise GoldenIntegrityError(f"{p}: listed in the manifest but missing")
+            raise GoldenIntegrityError(f"{p}: listed in the manifest but missing{_naming(d, man, name)}")
         got = sha256_file(p)
         if got != want:
             raise GoldenIntegrityError(f"{p}: sha256 {got[:16]}… does not match the manifest's {want[:16]}… "
-                                       "(the file was changed after capture; recapture, never edit by hand)")
+                                       "(the file was changed after capture; recapture, never edit by hand)"
+                                       + _naming(d, man, name))
     for e in man.get("cases", []):
         if e["file"] not in man["files"]:
             raise GoldenIntegrityError(f"{f}: case {e['id']} names {e['file']}, which the manifest does not list")
     return Golden(d, man)
 
 
+def damaged_cases(d: Path, man: dict, name: str) -> list[str]:
+    """Ids of the cases whose tensors in file `name` are missing or no longer match their
+    recorded sha256: y of a path file; x, or a stored weight, of the inputs file. Every case
+    reading the file where it cannot be parsed, or (format 1) records no hash of x."""
+    cases = man.get("cases", [])
+    readers = [e for e in cases if name in (e["file"], INPUTS)]
+    try:
+        t = _load_tensors(d, name)
+    except Exception:          # a damaged header: safetensors' own errors vary
+        return [e["id"] for e in readers]
+    if name != INPUTS:
+        return [e["id"] for e in readers if e["id"] not in t or tensor_sha256(t[e["id"]]) != e["y_sha256"]]
+    bad_w = {k for k, m in man.get("weights", {}).items()
+             if m.get("stored") and (k not in t or tensor_sha256(t[k]) != m["sha256"])}
+
+    def x_bad(e):
+        return e["x"] not in t or ("x_sha256" in e and tensor_sha256(t[e["x"]]) != e["x_sha256"])
+    bad = [e["id"] for e in cases if e["weight"] in bad_w or x_bad(e)]
+    if not bad and any("x_sha256" not in e for e in cases):
+        return [e["id"] for e in cases]
+    return bad
+
+
+def _naming(d: Path, man: dict, name: str) -> str:
+    ids = damaged_cases(d, man, name)
+    if not ids:
+        return "; no case's tensor changed (the change is outside them)"
+    more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+    return (f"; {len(ids)} cases affected: {', '.join(ids[:3])}{more}"
+            f"\n  reproduce: {repro(man.get('backend_key', d.name), ids[0], d)}")
+
+
 @dataclass
 class Outcome:
     case: checks.Case
-    status: str                 # "identical" | "different" | "error"
+    # "identical" | "within bound" (an isa-dependent path off its capture's ISA) | "different" |
+    # "error" | "missing" (expected, not captured) | "integrity" (stored bytes off their hash)
+    status: str
     detail: str = ""
     source_changed: list = field(default_factory=list)   # files whose hash differs from capture
+    comparison: str = "exact"   # or "bound (<why the ISA key differs>)"
 
     @property
     def ok(self) -> bool:
-        return self.status == "identical"
+        return self.status in ("identical", "within bound")
 
     def message(self) -> str:
         s = f"{self.case.id}: {self.status}"
+        if self.comparison != "exact":
+            s += f" [{self.comparison}]"
         if self.detail:
             s += f" ({self.detail})"
         if self.source_changed:
@@ -388,6 +570,16 @@ class _Inputs:
 
     def __init__(self, g: Golden):
         self.g, self.stored, self.ys, self.w = g, g.tensors(INPUTS), {}, {}
+        self.isa = isa()            # this machine's key, for the isa-dependent paths
+
+    def x(self, e: dict) -> torch.Tensor:
+        t = self.stored.get(e["x"])
+        if t is None:
+            raise GoldenIntegrityError(f"{INPUTS} has no activations {e['x']} for case {e['id']}")
+        if "x_sha256" in e and tensor_sha256(t) != e["x_sha256"]:
+            raise GoldenIntegrityError(f"{INPUTS}: activations {e['x']} of {e['id']} do not match their "
+                                       "recorded sha256")
+        return t
 
     def weight(self, key: str) -> torch.Tensor:
         if key not in self.w:
@@ -398,7 +590,7 @@ class _Inputs:
                 how = "stored" if meta.get("stored") else f"regenerated from seed {meta['seed']}"
                 raise GoldenIntegrityError(
                     f"weight {key} {how} has sha256 {got[:16]}…, the capture recorded {meta['sha256'][:16]}… "
-                    "(the generator or the file changed: recapture)")
+                    "(the generator, the file, or this host's torch CPU capability differs: recapture)")
             self.w[key] = data
         return self.w[key]
 
@@ -430,31 +622,114 @@ class SourceChangedOutputIdentical(UserWarning):
     (a refactor that kept every bit), never a failure."""
 
 
-def verify_entry(g: Golden, ins: "_Inputs", e: dict, device) -> Outcome:
-    """Recompute one captured case. GoldenIntegrityError propagates (never a pass)."""
+# FP32 unit roundoff of the CPU's GEMMs (numpy's OpenBLAS, oneDNN, MKL): they round to nearest,
+# so the tensor cores' possible truncation that registry.FOLD_UNIT allows for (2^-23) is not needed
+CPU_FP32_U = 2.0 ** -24
+
+
+def fold_bound(p: registry.Path, c: checks.Case, x: torch.Tensor, w, y: torch.Tensor,
+               want: torch.Tensor) -> np.ndarray:
+    """float64 [M, N]: how far two FP32 folds of this case on the CPU, in any orders, each
+    rounded once to the output dtype, can lie apart: 2 F + spacing(max(|y|, |want|)). F is
+    registry.FOLD_REASON's floating allowance with the CPU's u: each of the K products is exact
+    in FP32 and meets at most K roundings on its way to the sum (native: 127 in its group's dot,
+    one by the scale, G-1 in the group sum), so a fold in any order is within (K + 2) u S of the
+    exact sum, S = |x| @ |W|^T from the captured inputs, plus (K + 2) 2^-126 for flushed
+    subnormals."""
+    from reference import metrics, pq2, projection, to_float64
+    w_dec = w.cpu() if p.weight == "dense" else pq2.decode(w)
+    s = projection.dense(x.abs(), np.abs(to_float64(w_dec)))
+    f = (c.k + 2) * (CPU_FP32_U * s + 2.0 ** -126)
+    mag = np.maximum(np.abs(to_float64(y)), np.abs(to_float64(want)))
+    return 2 * f + metrics.spacing(mag, y.dtype)
+
+
+def compare_bound(y: torch.Tensor, want: torch.Tensor, bound: np.ndarray) -> tuple[str, str]:
+    """'identical', 'within bound' (every differing element within its bound; non-finite
+    elements must have the same bits) or 'different', with the worst element."""
+    from reference import metrics, to_float64
+    if same_bits(y, want) or y.shape != want.shape or y.dtype != want.dtype:
+        return compare(y, want)
+    yd, wd = to_float64(y), to_float64(want)
+    same = (bits(y) == bits(want)).numpy()
+    with np.errstate(invalid="ignore"):
+        ok = same | (np.isfinite(yd) & np.isfinite(wd) & (np.abs(yd - wd) <= bound))
+    ulps = metrics.ulp_distance(y, want)
+    n_diff = int((~same).sum())
+    if ok.all():
+        ratio = np.where(same, 0.0, np.abs(yd - wd) / bound)
+        m, n = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        return "within bound", (f"{n_diff} of {y.numel()} elements differ, max {int(ulps.max())} ulp; the "
+                                f"closest to its bound at [{m}, {n}]: |diff| {abs(yd[m, n] - wd[m, n]):.3g} "
+                                f"<= {bound[m, n]:.3g}")
+    m, n = (int(v) for v in np.argwhere(~ok)[0])
+    return "different", (f"{int((~ok).sum())} of {y.numel()} elements outside the bound ({n_diff} differ), first "
+                         f"at [{m}, {n}]: {yd[m, n]!r} vs captured {wd[m, n]!r}, |diff| "
+                         f"{abs(yd[m, n] - wd[m, n]):.3g} > bound {bound[m, n]:.3g} ({int(ulps[m, n])} ulp)")
+
+
+def comparison(g: Golden, p: registry.Path, now: dict) -> str:
+    """'exact' for an exact path, and for an isa-dependent one captured on this ISA key; else
+    'bound (what differs)'."""
+    if bits_class(g.manifest.get("backend_key", ""), p)[0] == "exact":
+        return "exact"
+    why = isa_difference(g.manifest["paths"].get(p.name, {}).get("isa"), now)
+    return "exact (ISA as captured)" if not why else f"bound ({why})"
+
+
+def verify_entry(g: Golden, ins: "_Inputs", e: dict, device, *, kernel=None) -> Outcome:
+    """Recompute one captured case (with `kernel` in place of the path's run, if given). Stored
+    bytes that do not match their hash make the case an 'integrity' failure (never a pass)."""
     c = case_of(e)
     if c.path not in registry.BY_NAME:
         return Outcome(c, "error", f"path {c.path} is no longer in the registry")
+    p = registry.get(c.path)
     changed = changed_sources(g, c.path)
-    want = ins.y(e)
-    x = ins.stored.get(e["x"])
-    if x is None:
-        raise GoldenIntegrityError(f"{INPUTS} has no activations {e['x']} for case {e['id']}")
-    w = weight_for(c, ins.weight(e["weight"]), device)
     try:
-        y = run_case(c, x, w, device)
+        want, x, data = ins.y(e), ins.x(e), ins.weight(e["weight"])
+    except GoldenIntegrityError as ex:
+        return Outcome(c, "integrity", str(ex), changed)
+    w = weight_for(c, data, device)
+    how = comparison(g, p, ins.isa)
+    try:
+        y = run_case(c, x, w, device, kernel=kernel)
     except Exception as ex:     # a crash is that case's failure, not the whole verification
-        return Outcome(c, "error", f"raised {type(ex).__name__}: {ex}", changed)
-    status, detail = compare(y, want)
-    return Outcome(c, status, detail, changed)
+        return Outcome(c, "error", f"raised {type(ex).__name__}: {ex}", changed, how)
+    if how.startswith("bound"):
+        status, detail = compare_bound(y, want, fold_bound(p, c, x, w, y, want))
+    else:
+        status, detail = compare(y, want)
+    return Outcome(c, status, detail, changed, how)
 
 
-def verify(g: Golden, device, *, paths=None, ids=None, log=None) -> list[Outcome]:
-    """Recompute every selected case and compare bytes. GoldenIntegrityError propagates."""
+def missing(g: Golden, paths=None, ids=None) -> list[Outcome]:
+    """A 'missing' outcome for every case the code expects on the capture's backend (cases(key))
+    that the capture does not hold: a manifest with cases dropped never passes."""
+    key = g.manifest["backend_key"]
+    have = {e["id"] for e in g.manifest["cases"]}
+    refused = {r["id"]: r["why"] for r in g.manifest.get("refused", [])}
+    out = []
+    for c in cases(key, paths):
+        if c.id in have or (ids and c.id not in ids):
+            continue
+        why = f"refused at capture ({refused[c.id]})" if c.id in refused else "not in the capture"
+        out.append(Outcome(c, "missing", f"expected on backend {key} but {why}; capture it: "
+                                         f"{capture_hint(key, [c.path])}"))
+    return out
+
+
+def verify(g: Golden, device, *, paths=None, ids=None, log=None, kernel=None) -> list[Outcome]:
+    """Recompute every selected case and compare it (bits_class says how), then add a 'missing'
+    outcome for each expected case the capture lacks. A damaged file raised already in load().
+    kernel: replaces the run of every selected path (one path at a time, for the selftest)."""
     ins = _Inputs(g)
     out = []
     for e in selected(g, paths, ids):
-        out.append(verify_entry(g, ins, e, device))
+        out.append(verify_entry(g, ins, e, device, kernel=kernel))
         if log:
             log(out[-1])
+    for o in missing(g, paths, ids):
+        out.append(o)
+        if log:
+            log(o)
     return out

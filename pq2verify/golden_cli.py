@@ -1,13 +1,16 @@
 """pq2verify golden capture | verify: frozen output bytes per backend (pq2verify.golden).
 
   pq2verify golden capture [--kernels SET] [--paths a,b] [--backend auto] [--force] [--model]
-  pq2verify golden verify  [--kernels SET] [--paths a,b] [--backend auto] [--case ID] [--json F] [--strict] [--model]
+  pq2verify golden verify  [--kernels SET] [--paths a,b] [--backend auto] [--case ID] [--json F] [--allow-missing] [--model]
+
+A missing capture, and a capture that lacks a case the code expects, are failures (exit 1).
 """
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from .cli import UsageError
+from .cli import UsageError, check_writable
 
 
 def register(sub):
@@ -30,7 +33,9 @@ def register(sub):
     ver = gs.choices["verify"]
     ver.add_argument("--case", action="append", default=[], help="verify only this case id (repeatable)")
     ver.add_argument("--json", default=None, help="write every outcome to this file")
-    ver.add_argument("--strict", action="store_true", help="a missing capture is a failure, not a skip")
+    ver.add_argument("--allow-missing", action="store_true",
+                     help="a missing capture directory or manifest is a SKIP (exit 0) instead of a failure")
+    ver.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)   # the default now; kept for old scripts
 
 
 def _csv(s):
@@ -53,9 +58,12 @@ def _check_args(args):
     for n in names or ():
         if n not in registry.BY_NAME:
             raise UsageError(f"--paths: unknown path {n!r}; known paths: {', '.join(registry.BY_NAME)}")
-    if args.kernels is not None and args.kernels not in registry.KERNEL_SETS:
-        raise UsageError(f"--kernels: {args.kernels!r} is not a kernel set; expected one of "
-                         f"{', '.join(registry.KERNEL_SETS)}")
+    if args.kernels is not None:
+        from .kernelsets import check_name
+        try:
+            check_name(args.kernels, "--kernels ")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     return names
 
 
@@ -63,9 +71,17 @@ def run(args) -> int:
     names = _check_args(args)
     device = _select_backend(args.backend)
     from . import backend, golden
+    asked = names
     names = [p.name for p in golden.select_paths(names, args.kernels)]
+    if not names:      # an empty selection must not verify nothing (or everything) and pass
+        raise UsageError(f"no path matches --kernels {args.kernels} --paths {','.join(asked)}")
     key = backend.golden_key()
     dest = Path(args.dir) if args.dir else golden.default_dir(key)
+    # output paths before any work: a run must not be lost at its end
+    if args.golden_command == "capture":
+        check_writable(dest / "model" if args.model else dest, "--dir", directory=True, make_parents=True)
+    elif args.json:
+        check_writable(args.json, "--json")
     if args.model:
         from . import golden_model
         try:
@@ -122,54 +138,74 @@ def _capture(dest, key, names, device, args) -> int:
     return 1 if man["refused"] or missing else 0
 
 
+def _missing_capture(console_print, e, args) -> int:
+    """A capture that is not there: a failure, a SKIP only with --allow-missing."""
+    if args.allow_missing:
+        console_print(f"SKIP (--allow-missing): {e}")
+        return 0
+    console_print(f"FAIL: {e}\n  (a missing capture is a failure; --allow-missing makes it a skip)")
+    return 1
+
+
 def _verify(dest, names, device, args) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from . import golden
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)   # logs: no squeezed table
     try:
         g = golden.load(dest)
-        outcomes = golden.verify(g, device, paths=names, ids=args.case or None)
     except golden.NoCapture as e:
-        console.print(f"SKIP: {e}")
-        return 1 if args.strict else 0
+        return _missing_capture(lambda m: console.print(escape(m), soft_wrap=True), e, args)
     except golden.GoldenIntegrityError as e:
-        console.print(f"[red bold]ERROR[/] (integrity): {e}")
+        console.print(f"[red bold]ERROR[/] (integrity): {escape(str(e))}", soft_wrap=True)
         return 1
+    key = g.manifest["backend_key"]
+    known = {e["id"] for e in g.manifest["cases"]} | {c.id for c in golden.cases(key, names)}
+    unknown = [i for i in args.case if i not in known]
+    if unknown:
+        raise UsageError(f"--case {unknown[0]!r}: not a golden case of backend {key} (captured or expected)")
+    outcomes = golden.verify(g, device, paths=names, ids=args.case or None)
     table = Table(title=f"golden {dest} (captured {g.manifest.get('date', '?')} on {g.manifest.get('backend', '?')}, "
                         f"commit {g.manifest.get('commit', '?')})")
-    for col in ("path", "cases", "identical", "different", "errors", "source since capture", "verdict"):
+    for col in ("path", "cases", "identical", "within bound", "different", "missing", "errors", "compared",
+                "source", "verdict"):
         table.add_column(col)
     by_path = {}
     for o in outcomes:
         by_path.setdefault(o.case.path, []).append(o)
     for path, os_ in by_path.items():
         bad = [o for o in os_ if not o.ok]
-        src = ", ".join(os_[0].source_changed) or "unchanged"
-        table.add_row(path, str(len(os_)), str(sum(o.ok for o in os_)),
-                      str(sum(o.status == "different" for o in os_)), str(sum(o.status == "error" for o in os_)),
-                      src, "[red bold]FAIL[/]" if bad else "PASS")
+        src = "changed" if os_[0].source_changed else "unchanged"      # which files: printed below
+        count = lambda *st: str(sum(o.status in st for o in os_))     # noqa: E731
+        how = sorted({o.comparison.split(" (")[0] for o in os_ if o.status != "missing"})
+        table.add_row(path, str(len(os_)), count("identical"), count("within bound"), count("different"),
+                      count("missing"), count("error", "integrity"), ", ".join(how) or "-", src,
+                      "[red bold]FAIL[/]" if bad else "PASS")
     console.print(table)
+    for why in sorted({o.comparison for o in outcomes if o.comparison.startswith("bound")}):
+        console.print(f"isa-dependent paths compared within the derived bound: {escape(why)}", soft_wrap=True)
     for path, os_ in by_path.items():
         if os_[0].source_changed and all(o.ok for o in os_):
-            console.print(f"[yellow]{path}: source changed, output identical[/] ({', '.join(os_[0].source_changed)})")
+            console.print(f"[yellow]{path}: source changed, output identical[/] ({', '.join(os_[0].source_changed)})",
+                          soft_wrap=True)
     for o in outcomes:
         if not o.ok:
-            console.print(f"[red]FAIL[/] {o.message()}\n  reproduce: pq2verify golden verify --case '{o.case.id}'",
+            console.print(f"[red]FAIL[/] {escape(o.message())}\n  reproduce: {golden.repro(key, o.case.id, dest)}",
                           soft_wrap=True)
-    uncaptured = sorted(set(names) - {e["path"] for e in g.manifest["cases"]})
-    if uncaptured:
-        console.print(f"not captured on this backend: {', '.join(uncaptured)} (capture with "
-                      f"pq2verify golden capture --paths {','.join(uncaptured)})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"manifest": {k: v for k, v in g.manifest.items() if k != "cases"},
-                       "outcomes": [{"case": o.case.id, "status": o.status, "detail": o.detail,
-                                     "source_changed": o.source_changed} for o in outcomes]}, f, indent=1)
+            json.dump({"manifest": {k: v for k, v in g.manifest.items() if k != "cases"}, "isa": golden.isa(),
+                       "outcomes": [{"case": o.case.id, "status": o.status, "comparison": o.comparison,
+                                     "detail": o.detail, "source_changed": o.source_changed} for o in outcomes]},
+                      f, indent=1)
     n_bad = sum(not o.ok for o in outcomes)
+    if not outcomes:
+        console.print("[bold]FAIL[/]: no golden case was verified (nothing captured or expected for this selection)")
+        return 1
     console.print(f"[bold]{'PASS' if not n_bad else 'FAIL'}[/]: {len(outcomes) - n_bad} of {len(outcomes)} "
-                  "golden cases identical")
+                  "golden cases identical or within their bound")
     return 1 if n_bad else 0
 
 
@@ -178,8 +214,7 @@ def _verify_model(dest, device, args) -> int:
     try:
         res = golden_model.verify_model(dest, device)
     except golden.NoCapture as e:
-        print(f"SKIP: {e}")
-        return 1 if args.strict else 0
+        return _missing_capture(print, e, args)
     except golden.GoldenIntegrityError as e:
         print(f"ERROR (integrity): {e}")
         return 1

@@ -18,15 +18,18 @@ from typing import Callable
 import torch
 
 from . import inputs, registry
+from .bits import ndiff, same_bits
 from .weights import PQ2Weight
 
 # Module-level caches of the launchers and the dispatch, classified: "scratch" buffers may hold
 # anything between calls (the checks fill them with NaN before calls), everything else found
-# by `module_caches` must hold no data pointer. A new tensor cache must be added here.
-SCRATCH = {"kernels.small_mma": ("_WORKSPACES",)}
-CACHE_MODULES = ("kernels.common", "kernels.prepare", "kernels.native", "kernels.int_gemv", "kernels.mmq",
-                 "kernels.single", "kernels.small_mma", "kernels.mmq_planes", "kernels.small_gemm",
-                 "pq2verify.dispatch", "pq2verify.dense", "pq2verify.weights")
+# by `module_caches` must hold no data pointer. A new tensor cache must be added here. None is
+# declared today: a module-level buffer is shared by every stream and graph, which raced under
+# concurrent replays; split-K partials come from the caching allocator per call (kernels.splitk).
+SCRATCH: dict[str, tuple] = {}
+CACHE_MODULES = ("kernels.common", "kernels.prepare", "kernels.splitk", "kernels.native", "kernels.int_gemv",
+                 "kernels.mmq", "kernels.single", "kernels.small_mma", "kernels.mmq_planes", "kernels.small_gemm",
+                 "kernels.cublas", "pq2verify.dispatch", "pq2verify.weights")
 ADDRESS_LIKE = 1 << 44   # user-space addresses on x86-64 (heap, mmap, CUDA VA) lie above this
 
 
@@ -39,12 +42,6 @@ class Call:
     eager: Callable[..., torch.Tensor]      # eager(x, w) -> a fresh output
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
 
 
 def _n(w) -> int:
@@ -261,7 +258,7 @@ def check_reused_address(f, xa, wa, xb, wb) -> list[str]:
     want = f(xb.clone(), wb)
     if not same_bits(got, want):
         return [f"weight B at the address weight A had: result differs from B's own answer in "
-                f"{_ndiff(got, want)} of {want.numel()} elements (a cache keyed by address went stale)"]
+                f"{ndiff(got, want)} of {want.numel()} elements (a cache keyed by address went stale)"]
     return []
 
 
@@ -279,18 +276,20 @@ def check_inplace_update(f, x, w, x_new, w_new) -> list[str]:
         want = f(*fresh[-1])
         if not same_bits(got, want):
             fails.append(f"after changing {name} in place: result differs from a fresh call in "
-                         f"{_ndiff(got, want)} of {want.numel()} elements")
+                         f"{ndiff(got, want)} of {want.numel()} elements")
     return fails
 
 
 def check_scratch_poison(f, x, w, modules=None) -> list[str]:
-    """Scratch buffers filled with NaN between calls must not change the result."""
+    """Declared scratch buffers and split-K partials filled with NaN must not change the result."""
+    from kernels import splitk
     y1 = f(x, w)
     n = poison_scratch(modules)
-    y2 = f(x, w)
+    with splitk.poisoned() as handed:
+        y2 = f(x, w)
     if not same_bits(y1, y2):
-        return [f"result changed after filling {n} scratch buffer(s) with NaN: a kernel reads "
-                "scratch it did not write in the same call"]
+        return [f"result changed after filling {n} scratch buffer(s) and {len(handed)} split-K partials "
+                "buffer(s) with NaN: a kernel reads scratch it did not write in the same call"]
     return []
 
 
@@ -300,16 +299,16 @@ def _copy(w):
     return PQ2Weight(w.data.clone(), w.n, w.k, w.layout, checked=True)
 
 
-def _ndiff(a, b) -> int:
-    if a.shape != b.shape:
-        return -1
-    return int((bits(a) != bits(b)).sum())
 
 
 # --- CUDA graphs -------------------------------------------------------------------------
-def capture(fn: Callable[[], torch.Tensor], *, warmup: int = 2):
-    """(graph, static output). Warm-up runs on a side stream first (compiles the kernels and
-    allocates any cached workspace outside the graph), as torch's capture rules ask."""
+def capture(fn: Callable[[], torch.Tensor], *, warmup: int = 2, before: Callable[[], None] | None = None,
+            stream: torch.cuda.Stream | None = None):
+    """(graph, static output). Warm-up runs on a side stream first (compiles the kernels), as
+    torch's capture rules ask. `before()` is captured ahead of fn (a rendezvous, say). Split-K
+    partials are captured NaN-filled, so every replay proves they are written before read.
+    `stream`: capture on it instead of torch's one default capture stream."""
+    from kernels import splitk
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -317,7 +316,9 @@ def capture(fn: Callable[[], torch.Tensor], *, warmup: int = 2):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with splitk.poisoned(), torch.cuda.graph(g, stream=stream):
+        if before is not None:
+            before()
         y = fn()
     torch.cuda.synchronize()
     return g, y
@@ -334,7 +335,7 @@ def check_graph_mutation(call: Call, x_new, w_new) -> list[str]:
     g.replay()
     want = call.eager(call.x, call.w)
     if not same_bits(y, want):
-        fails.append(f"replay on the captured inputs differs from eager in {_ndiff(y, want)} elements")
+        fails.append(f"replay on the captured inputs differs from eager in {ndiff(y, want)} elements")
     prev = y.clone()
     for name, apply in mutations(call, x_new, w_new):
         apply()
@@ -348,7 +349,7 @@ def check_graph_mutation(call: Call, x_new, w_new) -> list[str]:
                          "(outputs were filled with NaN: not every output was written)")
         elif not same_bits(y, want):
             fails.append(f"{name} changed: replay differs from eager on the new inputs in "
-                         f"{_ndiff(y, want)} of {y.numel()} elements (a host-side value or stale buffer "
+                         f"{ndiff(y, want)} of {y.numel()} elements (a host-side value or stale buffer "
                          "was baked into the graph)")
         if same_bits(y, prev):
             fails.append(f"{name} changed: replay output did not change (the graph ignores {name})")
@@ -357,12 +358,25 @@ def check_graph_mutation(call: Call, x_new, w_new) -> list[str]:
     return fails
 
 
-def check_graph_replays(a: Call, b: Call, *, rounds: int = 16, concurrent: bool = False) -> list[str]:
-    """Replay graphs of a and b many times, interleaved with eager calls on other streams;
-    every replay must give identical bytes. concurrent=True replays a and b on two streams with
-    no order between them (serving may overlap graphs of different batches)."""
-    ga, ya = capture(a.fn)
-    gb, yb = capture(b.fn)
+def check_graph_replays(a: Call, b: Call, *, rounds: int = 16, concurrent: bool = False,
+                        own_capture_streams: bool = False) -> list[str]:
+    """Replay graphs of a and b many times; every replay must give identical bytes.
+
+    Interleaved: a, then b, then an eager call of a on a third stream, in order. Concurrent:
+    a and b on two streams with no order between them (serving overlaps graphs of different
+    batches), each graph starting with a rendezvous (pq2verify.overlap), so their kernels are
+    released together on every replay, busy GPU or idle; then eager calls of a and b on two
+    streams, released together the same way. A round where the rendezvous did not meet is a
+    failure of the check itself: the overlap it relies on did not happen. Both graphs are
+    captured on one stream unless `own_capture_streams` (for a path whose library keeps a
+    workspace per capture stream: registry.Path.capture_stream_workspace)."""
+    from .overlap import Rendezvous
+    meet = Rendezvous(2) if concurrent else None
+    streams = (torch.cuda.Stream(), torch.cuda.Stream()) if own_capture_streams else (None, None)
+    ga, ya = capture(a.fn, before=meet.meet if meet else None, stream=streams[0])
+    gb, yb = capture(b.fn, before=meet.meet if meet else None, stream=streams[1])
+    if meet is not None:   # capture does not run the graph: only replays and eager calls meet
+        meet.state.zero_()
     ref_a, ref_b = a.eager(a.x, a.w), b.eager(b.x, b.w)
     cur = torch.cuda.current_stream()
     s1, s2, s3 = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
@@ -370,28 +384,41 @@ def check_graph_replays(a: Call, b: Call, *, rounds: int = 16, concurrent: bool 
     for r in range(rounds):
         ya.fill_(float("nan"))
         yb.fill_(float("nan"))
-        s1.wait_stream(cur)
+        for s in (s1, s2, s3):
+            s.wait_stream(cur)
         with torch.cuda.stream(s1):
             ga.replay()
         if not concurrent:
             s2.wait_stream(s1)
-        else:
-            s2.wait_stream(cur)
         with torch.cuda.stream(s2):
             gb.replay()
-        s3.wait_stream(s2 if not concurrent else cur)
-        with torch.cuda.stream(s3):
-            if not concurrent:
-                side = a.eager(a.x, a.w)     # eager work between replays, on a third stream
+        if concurrent:
+            with torch.cuda.stream(s1):
+                meet.meet()
+                ea = a.eager(a.x, a.w)
+            with torch.cuda.stream(s2):
+                meet.meet()
+                eb = b.eager(b.x, b.w)
+        else:
+            s3.wait_stream(s2)
+            with torch.cuda.stream(s3):
+                ea = a.eager(a.x, a.w)     # eager work between replays, on a third stream
         for s in (s1, s2, s3):
             cur.wait_stream(s)
         torch.cuda.synchronize()
         if not same_bits(ya, ref_a):
-            fails.append(f"round {r}: replay of {a.label} differs from eager in {_ndiff(ya, ref_a)} elements")
+            fails.append(f"round {r}: replay of {a.label} differs from eager in {ndiff(ya, ref_a)} elements")
         if not same_bits(yb, ref_b):
-            fails.append(f"round {r}: replay of {b.label} differs from eager in {_ndiff(yb, ref_b)} elements")
-        if not concurrent and not same_bits(side, ref_a):
-            fails.append(f"round {r}: eager {a.label} on a side stream differs from its first result")
+            fails.append(f"round {r}: replay of {b.label} differs from eager in {ndiff(yb, ref_b)} elements")
+        if not same_bits(ea, ref_a):
+            fails.append(f"round {r}: eager {a.label} on a side stream differs from its first result "
+                         f"in {ndiff(ea, ref_a)} elements")
+        if concurrent and not same_bits(eb, ref_b):
+            fails.append(f"round {r}: eager {b.label} on a side stream differs from its first result "
+                         f"in {ndiff(eb, ref_b)} elements")
+        if concurrent and meet.met() != 4 * (r + 1):
+            fails.append(f"round {r}: forced overlap did not happen ({meet.met()} of {4 * (r + 1)} arrivals "
+                         "met their partner): the concurrency check proved nothing")
         if fails:
             break
     del ga, gb

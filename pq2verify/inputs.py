@@ -3,7 +3,7 @@ large weights (hundreds of MB) cost no host time. Codes are drawn like real tern
 0, 1, 2 about a third each, never 3 (uniform random bytes would include code 3)."""
 import torch
 
-from .weights import BLOCK, PQ2Weight
+from .weights import BLOCK, PQ2Weight, pack_codes
 
 ACTIVATION_KINDS = ("normal", "heavy", "outliers", "zero_groups", "ties")
 
@@ -12,12 +12,6 @@ def _gen(device, seed: int) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
-
-
-def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes [N, K] in 0..2 -> code bytes [N, K/4] (weight 4b+s at bits 2s of byte b)."""
-    c = codes.view(codes.shape[0], -1, 4).to(torch.int32)
-    return (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)).to(torch.uint8)
 
 
 def ternary_weight(n: int, k: int, seed: int, device="cpu", layout="prepared") -> PQ2Weight:

@@ -15,6 +15,23 @@ FP32_FOLD = 1e-5
 # heavy tails and outlier channels, which sit near the top of that range.
 Q8_BUDGET = 0.03
 
+# Per-element bound (checks.evaluate, "rms" check): with Y the path's FP64 reference and S the
+# same sum over absolute terms, each output y must satisfy |y - Y| <= F + spacing(|Y| + F) / 2:
+# the FP32 accumulation may land anywhere within F of Y, and the one rounding to the output dtype
+# adds at most half the spacing there. F = FOLD_UNIT * (terms + 2) * S, plus (terms + 2) * 2^-126
+# for FP32 underflow or flush-to-zero. Why each arithmetic's F is an upper bound:
+FOLD_UNIT = {"integer": 2.0 ** -24, "floating": 2.0 ** -23}
+FOLD_REASON = {
+    "integer": "terms = G groups. The int32 group dot is exact and exact in FP32 (|dot| <= 127*128 "
+               "< 2^24); dot*xs*ws takes two FP32 roundings (u = 2^-24 each) and G such terms summed "
+               "in any order, split-K included, add at most (G-1)u*S; the +2 (not +1) covers second-"
+               "order terms and the FP64 reference's own rounding (G*2^-53*S)",
+    "floating": "terms = K. A bf16/fp16 activation times a bf16/fp16 (or fp16 scale times -1/0/+1) "
+                "weight has at most 22 significant bits, so each product is exact in FP32; K of "
+                "them summed in any order add at most (K-1)u*S. Tensor-core accumulation may "
+                "truncate instead of rounding to nearest, so u is taken as 2^-23, not 2^-24",
+}
+
 
 @dataclass(frozen=True)
 class Path:
@@ -37,6 +54,15 @@ class Path:
     dots_equal_to: str | None = None      # same integer group dots as this path
     counterpart: str | None = None        # legacy path it replaces (pairs for bench and derive)
     deterministic: bool = True
+    # Non-empty: the path keeps a workspace per (library handle, stream), so two graphs captured
+    # on ONE stream share it and race when replayed concurrently; the reason says so, with data.
+    # The concurrency check then captures each graph on its own stream (and shows the hazard).
+    capture_stream_workspace: str = ""
+    # row i of an M-row call does not depend on the other rows' values (checked bit for bit)
+    batch_invariant: bool = True
+    # scales the per-element fold allowance F; anything but 1.0 needs elem_reason (with data)
+    elem_factor: float = 1.0
+    elem_reason: str = ""
     description: str = ""
     has_dots: bool = field(default=True)
     # A tuned path measured slower than its counterpart is kept (checked, benchmarked, reachable
@@ -60,6 +86,15 @@ class Path:
         if against == "dense" and self.arithmetic == "integer":
             return Q8_BUDGET
         return out
+
+    def fold_allowance(self, terms: int, abs_sum):
+        """F of the per-element bound (see FOLD_UNIT) for sums of `terms` terms whose absolute
+        values sum to abs_sum (float64 array)."""
+        return self.elem_factor * (FOLD_UNIT[self.arithmetic] * (terms + 2) * abs_sum + (terms + 2) * 2.0 ** -126)
+
+    def elem_bound_reason(self) -> str:
+        why = FOLD_REASON[self.arithmetic]
+        return why if self.elem_factor == 1.0 else f"{why}; scaled by {self.elem_factor}: {self.elem_reason}"
 
     def kernel(self):
         return importlib.import_module(self.module).run
@@ -86,8 +121,12 @@ PATHS: tuple[Path, ...] = (
          description="prefill: four masked-plane K=32 int8 dots per group, mmq's fold order",
          deselected="H200 2026-11-30: 0.87-0.88x of mmq at M=2048 on all six Bonsai shapes "
                     "(7 paired rounds, results/h200/bench.md)"),
-    Path("cublas", "pq2verify.dense", "legacy", 1, None, weight="dense", layouts=("dense",),
+    Path("cublas", "kernels.cublas", "legacy", 1, None, weight="dense", layouts=("dense",),
          arithmetic="floating", reference="dense", has_dots=False, tol_reason=_OUT,
+         capture_stream_workspace=(
+             "cuBLAS's workspace is per (handle, stream): two graphs of torch.matmul captured on "
+             "one stream replayed concurrently differed from eager in 384/384 elements (H200 "
+             "2026-11-30, M=4 96x5120, forced overlap)"),
          description="torch.matmul (cuBLAS on CUDA) on the unquantized BF16 matrix"),
     Path("small_gemm", "kernels.small_gemm", "tuned", 1, 16, weight="dense", layouts=("dense",),
          arithmetic="floating", reference="dense", has_dots=False, counterpart="cublas",

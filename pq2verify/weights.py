@@ -12,6 +12,20 @@ BLOCK = 128
 BLOCK_BYTES = 34
 
 
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [..., K] in 0..3 -> code bytes [..., K/4]: weight 4b+s at bits 2s of byte b
+    (SPEC §2). The one torch packing; reference.pq2 keeps its own as the oracle."""
+    c = codes.reshape(*codes.shape[:-1], -1, 4).to(torch.int32)
+    return (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)).to(torch.uint8)
+
+
+def unpack_codes(code_bytes: torch.Tensor) -> torch.Tensor:
+    """Code bytes [..., B] -> uint8 codes [..., 4B] in 0..3 (inverse of pack_codes)."""
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=code_bytes.device)
+    c = (code_bytes.to(torch.int32)[..., None] >> shifts) & 3
+    return c.reshape(*code_bytes.shape[:-1], -1).to(torch.uint8)
+
+
 class PQ2FormatError(ValueError):
     """A weight that is not valid PQ2_0 (shape, dtype, byte count, code 3, ...)."""
 

@@ -6,7 +6,7 @@ import numpy as np
 from . import to_float64
 
 __all__ = ["relative_rms", "max_abs", "ulp_distance", "max_ulp", "bitwise_equal",
-           "first_difference", "describe_difference", "FAR"]
+           "first_difference", "describe_difference", "FAR", "spacing", "round_once"]
 
 FAR = np.iinfo(np.int64).max    # ulp distance reported for NaN or a mismatched infinity
 _INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
@@ -133,3 +133,38 @@ def max_ulp(y, ref) -> int:
     """Largest ulp_distance (0 for empty inputs)."""
     d = ulp_distance(y, ref)
     return int(d.max()) if d.size else 0
+
+
+# (significant bits p, smallest normal exponent emin, largest finite value) of each format
+_FORMATS = {"bfloat16": (8, -126, float.fromhex("0x1.fep127")),
+            "float16": (11, -14, 65504.0),
+            "float32": (24, -126, float.fromhex("0x1.fffffep127"))}
+
+
+def _format(dtype):
+    name = str(dtype).replace("torch.", "")
+    if name not in _FORMATS:
+        raise TypeError(f"expected bfloat16, float16 or float32, got {name}")
+    return _FORMATS[name]
+
+
+def spacing(v, dtype) -> np.ndarray:
+    """float64: the distance between adjacent values of `dtype` at magnitude |v| (the spacing of
+    |v|'s binade; the subnormal spacing below the normal range). Exact powers of two."""
+    p, emin, _ = _format(dtype)
+    a = np.abs(np.asarray(v, dtype=np.float64))
+    _, e = np.frexp(a)                    # |v| = f * 2**e, f in [0.5, 1); e = 0 for zero
+    e = np.where(a < 2.0 ** emin, emin + 1, e)
+    return np.ldexp(1.0, e - 1 - (p - 1))
+
+
+def round_once(v, dtype) -> np.ndarray:
+    """float64 v rounded to nearest, ties to even, onto `dtype` in ONE step (no float32 on the
+    way, so no double rounding), returned as float64; +-inf past the overflow threshold, NaN
+    stays NaN. v / spacing is exact (a power of two) and np.rint rounds half to even."""
+    _, _, big = _format(dtype)
+    v = np.asarray(v, dtype=np.float64)
+    s = spacing(v, dtype)
+    with np.errstate(invalid="ignore"):
+        r = np.rint(v / s) * s
+    return np.where(np.abs(r) > big, np.copysign(np.inf, v), r)

@@ -363,7 +363,7 @@ def test_cli_cuda_without_a_gpu(capsys, device):
 
 def test_cli_unknown_kernel_set(capsys):
     assert cli.main(["golden", "capture", "--kernels", "fast", "--out", "/nonexistent"]) == 2
-    assert "--kernels: 'fast' is not a kernel set; expected one of legacy, exact, tuned" in capsys.readouterr().err
+    assert "--kernels 'fast': unknown kernel set; expected one of legacy, exact, tuned" in capsys.readouterr().err
 
 
 def test_cli_unknown_path(capsys):
@@ -416,3 +416,47 @@ def test_non_finite_activation_through_pq2_matmul(kset, device):
     assert finite == 0, (f"pq2_matmul[{kset}] (served by {dispatch.resolve(2, w, x, kset).name}): a NaN in row 1 "
                          f"left {finite} of 32 outputs of that row finite")
     assert bool(torch.isfinite(y[0]).all()), f"pq2_matmul[{kset}]: a NaN in row 1 made row 0 non-finite"
+
+
+# --- code 3 in every 2-bit field of a byte, at the edges of blocks and rows ----------------
+C3_N, C3_K = 5, 384                       # 3 blocks per row
+C3_SPOTS = [(row, blk, byte) for row in (0, C3_N - 1) for blk in (0, 2) for byte in (0, 15, 31)]
+
+
+def _code3_at(layout, row, blk, byte, s):
+    """A valid weight with field s of code byte `byte` of block `blk` of `row` set to 3 (the
+    byte's other three fields keep their valid codes)."""
+    w = ternary_weight(C3_N, C3_K, 4, device=DEV, layout=layout)
+    data = w.data.clone()
+    if layout == "raw":
+        at = data.view(C3_N, 3, 34)[row, blk, 2:]
+    else:
+        at = data[: C3_N * C3_K // 4].view(C3_N, 3, 32)[row, blk]
+    assert (int(at[byte]) >> 2 * s) & 3 != 3
+    at[byte] |= 3 << 2 * s
+    return data
+
+
+@pytest.mark.parametrize("layout", ("raw", "prepared"))
+@pytest.mark.parametrize("s", range(4))
+def test_code3_in_every_field_is_rejected_at_load(layout, s):
+    for row, blk, byte in C3_SPOTS:
+        data = _code3_at(layout, row, blk, byte, s)
+        want = rf"^weight: code 3 in row {row}, block {blk} \(byte {byte} of the block\)"
+        with pytest.raises(PQ2FormatError, match=want):
+            if layout == "raw":
+                PQ2Weight.from_raw(data)
+            else:
+                PQ2Weight.from_prepared(data, C3_N, C3_K)
+
+
+@pytest.mark.parametrize("layout", ("raw", "prepared"))
+@pytest.mark.parametrize("s", range(4))
+def test_code3_in_every_field_is_rejected_by_the_reference(layout, s):
+    from reference import pq2
+    for row, blk, byte in C3_SPOTS:
+        data = _code3_at(layout, row, blk, byte, s)
+        want = rf"^weight: code 3 at row {row}, block {blk} \(weight {4 * byte + s} of the block\)"
+        with pytest.raises(PQ2FormatError, match=want):
+            pq2.validate(data, layout=layout, n=None if layout == "raw" else C3_N, k=None if layout == "raw" else C3_K)
+    assert pq2.validate(ternary_weight(C3_N, C3_K, 4, device=DEV, layout=layout)) == (C3_N, C3_K)

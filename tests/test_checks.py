@@ -2,11 +2,14 @@
 that carries the one-line reproduction, and the CLI exits non-zero."""
 import json
 import importlib
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
-from pq2verify import checks, cli
+from pq2verify import checks, cli, registry
+from reference import metrics
 
 CASE = checks.cases("small", paths=["int_gemv"], ms=[3], dtypes=["bf16"], layouts=["prepared"])[0]
 
@@ -141,3 +144,218 @@ def test_render_saved_results(tmp_path, capsys):
     text = md.read_text()
     assert "**1 of 1 cases passed.**" in text and "1 case(s) ran in more than one" in text
     assert cli.main(["check", "--render", str(js), str(js2), "--markdown", str(md)]) == 1
+
+
+def test_kernel_override_replaces_the_path_for_every_call(device):
+    """evaluate(kernel=...) runs the given callable for the first call and every rerun; without
+    it the registered kernel runs (the real one passes, a broken override fails)."""
+    real = checks.registry.get(CASE.path).kernel()
+    seen = []
+
+    def wrapped(x, w, *, out=None, dots=None):
+        seen.append(1)
+        y = real(x, w, out=out, dots=dots)
+        return y.mul_(1.01) if len(seen) == 1 else y
+    r = checks.evaluate(CASE, device, checks=("rms", "determinism"), reruns=2, kernel=wrapped)
+    assert len(seen) == 3 and not r.ok
+    assert "relative RMS" in r.message() and r.deterministic is False
+    assert checks.evaluate(CASE, device, checks=("rms",)).ok
+
+
+# --- per-element verdict, tampering with one element ------------------------------------------
+MMQ17 = checks.cases("small", paths=["mmq"], ms=[17], dtypes=["bf16"], layouts=["prepared"])[0]
+# first, middle, last, and one in the ragged tail: row 16 of M=17 (tiles of 32 rows on the
+# interpreter, 64 on a GPU) and column 195 of N=200 (tiles of 256 columns on the interpreter,
+# 64 on a GPU: columns 192..199 are the tail)
+POSITIONS = {"first": (0, 0), "middle": (8, 100), "last": (16, 199), "tail": (16, 195)}
+
+
+def _nudge(c, ij, ulps, device, away=True):
+    """A kernel= override: the real kernel, then output [i, j] moved by `ulps` ulps away from
+    (or toward) the case's FP64 reference."""
+    p = registry.get(c.path)
+    real = p.kernel()
+    inp = checks.Inputs(c, device)
+    ref = inp.reference(p.reference)[ij]
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots)
+        v = float(y[ij])
+        up = (v <= ref) != away                      # which way is away from / toward ref
+        step = 1 if (v >= 0) == up else -1           # on the integer view, magnitude up or down
+        y.view(torch.int16)[ij] += step * ulps
+        return y
+    return run, inp
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("ulps", (1, 8))
+def test_one_element_off_is_caught_by_the_per_element_bound(pos, ulps, device):
+    """One output moved by 1 or 8 ulps away from the FP64 reference, at the first, a middle,
+    the last element and one in a tail shorter than a tile. The per-element bound catches it
+    wherever the fold allowance F is under half a spacing and y is not a power of two stepping
+    toward zero (both asserted here: F ~ 1e-6 relative on these inputs, a bf16 spacing ~ 4e-3). The relative RMS, the suite's only numeric verdict
+    before, passes all of these: one element in 3400 hardly moves a norm."""
+    ij = POSITIONS[pos]
+    run, inp = _nudge(MMQ17, ij, ulps, device)
+    clean = checks.evaluate(MMQ17, device, checks=("rms",), inp=inp)
+    assert clean.ok, clean.message()
+    # why detection is certain here: y' = y +- k spacings away from Y, so |y' - Y| >= k * s'
+    # with s' >= s unless y is a power of two stepping toward zero; the bound is F + s/2
+    p = registry.get("mmq")
+    ref = inp.reference("quantized")[ij]
+    f = p.fold_allowance(MMQ17.k // 128, checks._abs_sum(p, inp))[ij]
+    y = float(checks.call(p, inp)[0][ij])
+    assert f < metrics.spacing(abs(ref), torch.bfloat16) / 2 and np.frexp(y)[0] not in (0.5, -0.5)
+    r = checks.evaluate(MMQ17, device, checks=("rms",), inp=inp, kernel=run)
+    assert not r.ok and "per-element bound: 1 of" in r.message(), r.message()
+    assert f"first y[{ij[0]}, {ij[1]}]" in r.message()
+    assert r.rel_rms_quantized <= r.tol_quantized          # the hole this verdict closes
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_one_ulp_toward_the_reference_is_caught_by_bit_identity(pos, device, monkeypatch):
+    """A 1-ulp move TOWARD the reference is NOT guaranteed to fail the per-element bound: when
+    the FP64 value lies within F of a rounding midpoint, both neighbours are valid roundings of
+    an FP32 sum within F of it. What catches any 1-ulp change for certain is bit identity: the
+    golden captures and the exactness claims. Here mmq_planes claims bytes == mmq, and mmq
+    (its counterpart) is tampered."""
+    c = checks.cases("small", paths=["mmq_planes"], ms=[17], dtypes=["bf16"], layouts=["prepared"])[0]
+    run, _ = _nudge(replace(c, path="mmq"), POSITIONS[pos], 1, device, away=False)
+    monkeypatch.setattr(importlib.import_module("kernels.mmq"), "run",
+                        lambda x, w, *, out=None, dots=None, check=True: run(x, w, out=out, dots=dots))
+    r = checks.evaluate(c, device, checks=("exact",))
+    assert r.claim_held is False and "exactness claim 'bytes == mmq' does not hold" in r.message()
+
+
+@pytest.mark.parametrize("dtype", ("bf16", "fp16"))
+def test_every_element_off_by_1e3_relative_fails(dtype, device):
+    """A kernel whose FP32 result is 1e-3 relative too large before the cast to the output
+    dtype (emulated from the FP64 reference: the int paths' FP32 sum is not visible from
+    outside). Within the relative-RMS tolerance for bf16 (2^-8 + 1e-5); caught by the
+    per-element bound wherever it flips a rounding (for bf16 about a quarter of the outputs:
+    1e-3 is a quarter of a bf16 spacing)."""
+    c = checks.cases("small", paths=["int_gemv"], ms=[3], dtypes=[dtype], layouts=["prepared"])[0]
+    inp = checks.Inputs(c, device)
+    off = torch.from_numpy(inp.reference("quantized") * (1 + 1e-3))
+
+    def run(x, w, *, out=None, dots=None):
+        return out.copy_(off.to(out.dtype))
+    r = checks.evaluate(c, device, checks=("rms",), inp=inp, kernel=run)
+    assert "per-element bound" in r.message(), r.message()
+    if dtype == "bf16":
+        assert r.rel_rms_quantized <= r.tol_quantized
+    exact = torch.from_numpy(inp.reference("quantized"))
+    assert checks.evaluate(c, device, checks=("rms",), inp=inp,
+                           kernel=lambda x, w, *, out=None, dots=None: out.copy_(exact.to(out.dtype))).ok
+
+
+def test_one_fp16_element_off_by_1e3_relative_fails(device):
+    """fp16 spacing is 2^-11..2^-10 relative, so 1e-3 moves an output at least one spacing;
+    away from the reference that is always outside the bound."""
+    c = checks.cases("small", paths=["int_gemv"], ms=[3], dtypes=["fp16"], layouts=["prepared"])[0]
+    real = registry.get("int_gemv").kernel()
+    inp = checks.Inputs(c, device)
+    ref = inp.reference("quantized")[1, 57]
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots)
+        v = y[1, 57].float()
+        y[1, 57] = v + 1e-3 * v.abs() * (1 if float(v) >= ref else -1)
+        return y
+    r = checks.evaluate(c, device, checks=("rms",), inp=inp, kernel=run)
+    assert "per-element bound: 1 of" in r.message() and "first y[1, 57]" in r.message(), r.message()
+
+
+def test_an_elem_factor_needs_a_reason():
+    for p in registry.PATHS:
+        assert p.elem_factor == 1.0 or p.elem_reason, f"{p.name}: elem_factor without elem_reason"
+        assert p.elem_bound_reason()
+
+
+# --- guard bands, batch invariance, NaN propagation -------------------------------------------
+def _past(t, offset, value):
+    """Write `value` at `offset` elements from t's first element, in t's storage (a store
+    outside t's extent, as a missing mask does on a GPU)."""
+    torch.as_strided(t, (1,), (1,), t.storage_offset() + offset).fill_(value)
+
+
+@pytest.mark.parametrize("where,offset", [("after", "end"), ("after", "end+100"), ("before", -1)])
+def test_store_outside_out_is_caught(where, offset, device):
+    real = registry.get(CASE.path).kernel()
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots)
+        at = {"end": y.numel(), "end+100": y.numel() + 100}.get(offset, offset)
+        _past(y, at, 0.0)
+        return y
+    r = checks.evaluate(CASE, device, checks=("rms",), kernel=run)
+    assert r.guards_intact is False
+    near = {"end": 1, "end+100": 101}.get(offset, 1)
+    assert (f"int_gemv: out written outside its extent: 1 of 3200 elements of the guard band {where} it "
+            f"changed (nearest {near} element(s) {where} it)") in r.message(), r.message()
+    assert checks.evaluate(CASE, device, checks=("rms",)).guards_intact is True
+
+
+def test_store_past_dots_is_caught(device):
+    real = registry.get(CASE.path).kernel()
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots)
+        if dots is not None:
+            _past(dots, dots.numel() + 5, 7)
+        return y
+    r = checks.evaluate(CASE, device, checks=("exact",), kernel=run)
+    assert "int_gemv: dots written outside its extent: 1 of" in r.message() and "(nearest 6 element(s) after it)" in r.message()
+
+
+def test_guard_band_covers_a_tile_of_rows():
+    # 16 rows of 200 bf16 outputs = 6400 bytes > 4 KiB: a band of 3200 elements (a multiple of 64)
+    out, buf, band = checks._guarded((3, 200), torch.bfloat16, "cpu", float("nan"))
+    assert band == 3200 and out.is_contiguous() and (out.data_ptr() - buf.data_ptr()) % 128 == 0
+    assert buf.numel() == 2 * band + 600 and torch.isnan(out).all()
+    assert not checks._band_damage("x", buf, band)
+
+
+def test_row_depending_on_other_rows_fails_batch_invariance(device):
+    """A kernel whose row i reads its last group from row i+1 (rows shifted by one tile edge)."""
+    real = registry.get(CASE.path).kernel()
+
+    def run(x, w, *, out=None, dots=None):
+        x2 = x.clone()
+        x2[:, -128:] = x.roll(-1, 0)[:, -128:]
+        return real(x2, w, out=out, dots=dots)
+    r = checks.evaluate(CASE, device, checks=("batch",), kernel=run)
+    i = CASE.seed % CASE.m
+    assert r.batch_invariant is False
+    assert (f"not batch invariant: row {i} changed in" in r.message()
+            and f"when the other 2 rows were replaced by {CASE.kind} activations of seed {CASE.seed + 1}" in r.message())
+    assert checks.evaluate(CASE, device, checks=("batch",)).batch_invariant is True
+
+
+def _nan_fault(fault):
+    real = registry.get(CASE.path).kernel()
+
+    def run(x, w, *, out=None, dots=None):
+        bad = torch.isnan(x).any(1)
+        y = real(torch.nan_to_num(x) if fault == "nan_to_zero" else x, w, out=out, dots=dots)
+        if fault == "inf" and bad.any():
+            y[bad] = float("inf")
+        if fault == "spread" and bad.any():
+            y[~bad] = float("nan")
+        return y
+    return run
+
+
+@pytest.mark.parametrize("fault,want", [
+    ("nan_to_zero", "outputs of row {i} disagree with the FP64 reference on NaN"),
+    ("inf", "outputs of row {i} disagree with the FP64 reference on NaN"),
+    ("spread", "changed 2 other row(s)")])
+def test_nan_propagation_fault_fails(fault, want, device):
+    """A NaN group turned finite, NaN reported as Inf, NaN leaking into other rows."""
+    r = checks.evaluate(CASE, device, checks=("nan",), kernel=_nan_fault(fault))
+    rng = np.random.default_rng(CASE.seed)
+    i, j = int(rng.integers(CASE.m)), int(rng.integers(CASE.k))
+    assert r.nan_exact is False and f"NaN propagation: a NaN at x[{i}, {j}]" in r.message()
+    assert want.format(i=i) in r.message(), r.message()
+    assert checks.evaluate(CASE, device, checks=("nan",)).nan_exact is True

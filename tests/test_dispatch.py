@@ -1,8 +1,10 @@
 """Kernel sets, per-path switches, the dispatch trace, and their errors."""
+import re
+
 import pytest
 import torch
 
-from pq2verify import dispatch, inputs, registry
+from pq2verify import dispatch, inputs, kernelsets, registry
 from pq2verify.dispatch import pq2_matmul
 
 KEY = "interpreter"
@@ -41,10 +43,10 @@ def _fresh_resolution():
 
 
 def test_exact_set_uses_only_verified_paths(monkeypatch):
-    monkeypatch.setattr(dispatch, "verified_exact", lambda key: set())
+    monkeypatch.setattr(kernelsets, "verified_exact", lambda key: set())
     assert _resolve(1, "exact") == "int_gemv"
     assert _resolve(4, "exact") == "int_gemv"
-    monkeypatch.setattr(dispatch, "verified_exact", lambda key: {"single"})
+    monkeypatch.setattr(kernelsets, "verified_exact", lambda key: {"single"})
     dispatch.clear_cache()
     assert _resolve(1, "exact") == "single"
     assert _resolve(4, "exact") == "int_gemv"
@@ -134,3 +136,25 @@ def test_nested_traces_with_equal_counts_close_cleanly():
             pass
         assert inner == outer
     assert not any(t is outer or t is inner for t in dispatch._traces)
+
+
+def test_switch_names_are_upper_case_only(monkeypatch):
+    """PQ2_PATH_single=off used to be accepted and ignored: single still served M=1."""
+    monkeypatch.setenv("PQ2_PATH_single", "off")
+    with pytest.raises(ValueError, match="PQ2_PATH_single: switch names are upper case; use PQ2_PATH_SINGLE"):
+        dispatch.switches()
+    with pytest.raises(ValueError, match="use PQ2_PATH_SINGLE"):
+        _resolve(1, "tuned")
+    with pytest.raises(ValueError, match="use PQ2_PATH_SINGLE"):
+        dispatch.validate_env()
+
+
+@pytest.mark.parametrize("var,value,names", [("PQ2_KERNELS", "bogus", "PQ2_KERNELS='bogus'"),
+                                             ("PQ2_KERNELS", "", "PQ2_KERNELS=''"),
+                                             ("Pq2_Kernels", "tuned", "Pq2_Kernels: the variable is PQ2_KERNELS"),
+                                             ("PQ2_PATH_X", "on", "PQ2_PATH_X: no such path"),
+                                             ("PQ2_PATH_MMQ", "maybe", "PQ2_PATH_MMQ='maybe': expected on or off")])
+def test_validate_env_names_the_variable(var, value, names, monkeypatch):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=re.escape(names)):
+        dispatch.validate_env()

@@ -118,31 +118,28 @@ def test_every_registry_path_emulates():
         assert E.emulate(p.name, x, arg).shape[0] == 1
 
 
-def test_pq2_matmul_on_cpu_uses_emulation(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    import kernels.common
-    monkeypatch.setattr(kernels.common, "INTERPRET", False)
-    from pq2verify import dispatch
+def test_pq2_matmul_on_cpu_uses_emulation():
+    from pq2verify import backend, dispatch
     w = weight()
     x = gen.activations(3, 640, 13)
-    with dispatch.trace() as t:
+    with backend.using_cpu_backend("emulate"), dispatch.trace() as t:
         y = dispatch.pq2_matmul(x, w, kernels="legacy")
     assert dict(t) == {"int_gemv": 1}
     assert torch.equal(y, E.emulate("int_gemv", x, w))
 
 
 def test_kernel_fold_orders_follow_the_kernels():
-    """single and small_mma take their FP32 order from the kernels' fold() (GPU config here,
-    since the emulation runs without TRITON_INTERPRET)."""
+    """single and small_mma take their FP32 order from the kernels' fold() for the GPU's
+    config, whatever the process's interpreter mode."""
     single = pytest.importorskip("kernels.single")
     small_mma = pytest.importorskip("kernels.small_mma")
     w5 = weight(n=3840, k=640)
-    f = single.fold(w5.n, w5.k)
+    f = single.fold(w5.n, w5.k, interpret=False)
     plan = E.kernel_plan("single", 1, w5)
     assert len(plan) == -(-w5.groups // f["groups_per_split"]) and len(plan[0]) == f["lanes"]
     assert sorted(g for split in plan for lane in split for g in lane) == list(range(w5.groups))
     w12 = weight(n=2304, k=1536)
-    f = small_mma.fold(8, w12.n, w12.k)
+    f = small_mma.fold(8, w12.n, w12.k, interpret=False)
     plan = E.kernel_plan("small_mma", 8, w12)
     assert [lane for split in plan for lane in split] == [
         list(range(s, min(s + f["groups_per_split"], 12))) for s in range(0, 12, f["groups_per_split"])]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.graph
 CPU = {"pq2": (64, 256), "dense": (96, 256)}
 # A second weight with the same byte count but another shape: N/2 x 2K.
 CPU_B = {"pq2": (32, 512), "dense": (48, 512)}
-# Shapes where the split-K paths use their workspace on the interpreter.
+# Shapes where the split-K paths split on the interpreter.
 SCRATCH_SHAPE = {"single": (16, 4096), "small_mma": (32, 1024), "small_gemm": (96, 256)}
 GPU = {"pq2": (2048, 4096), "dense": (96, 5120)}
 GPU_MS = (1, 4, 16, 17, 64)
@@ -71,16 +71,28 @@ def test_inplace_update_is_seen(name, device):
 
 @pytest.mark.parametrize("name", PATHS)
 def test_scratch_is_written_before_it_is_read(name, device):
-    """Split-K workspaces filled with NaN between calls change nothing."""
+    """Split-K partials handed out NaN-filled change nothing."""
+    from kernels import splitk
     p = registry.get(name)
     n, k = SCRATCH_SHAPE.get(name, CPU[p.weight])
     x, w = graphs.make_inputs(p, _m(p), n, k, seed=3, device=_dev(device))
     f = graphs.kernel_fn(p)
-    f(x, w)
     if name in SCRATCH_SHAPE and device != "cuda":
-        assert graphs.poison_scratch() > 0, f"{name} used no workspace at {n}x{k}: pick a split-K shape"
+        with splitk.poisoned() as handed:
+            f(x, w)
+        assert handed, f"{name} did not split at {n}x{k}: pick a split-K shape"
     fails = graphs.check_scratch_poison(f, x, w)
     assert not fails, f"{name}: {fails}"
+
+
+def test_partials_are_never_shared_between_calls(device):
+    """Each call takes its own partials from the caching allocator: two live buffers of the
+    same size are distinct, and no kernel module keeps a tensor between calls."""
+    from kernels import splitk
+    dev = _dev(device)
+    a, b = splitk.partials(dev, 4096), splitk.partials(dev, 4096)
+    assert a.data_ptr() != b.data_ptr()
+    assert not graphs.SCRATCH, "a declared module-level scratch buffer is shared by every stream and graph"
 
 
 @pytest.mark.parametrize("kset", registry.KERNEL_SETS)
@@ -195,8 +207,74 @@ def test_graph_replays_identical(name, concurrent):
     m = max(p.m_min, 4) if p.serves(max(p.m_min, 4)) else p.m_min
     a = graphs.path_call(p, *graphs.make_inputs(p, m, n, k, seed=1, device="cuda"))
     b = graphs.path_call(p, *graphs.make_inputs(p, m, n, k, seed=2, device="cuda"))
-    fails = graphs.check_graph_replays(a, b, rounds=32, concurrent=concurrent)
+    fails = graphs.check_graph_replays(a, b, rounds=32, concurrent=concurrent,
+                                       own_capture_streams=bool(p.capture_stream_workspace))
     assert not fails, f"{name} M={m}: {fails[:3]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [p.name for p in registry.PATHS if p.capture_stream_workspace])
+def test_declared_capture_stream_workspace_is_real(name):
+    """A path excused from sharing a capture stream must really race when it does: otherwise
+    the declaration (registry.Path.capture_stream_workspace) is stale and must go."""
+    p = registry.get(name)
+    n, k = GPU[p.weight]
+    m = max(p.m_min, 4) if p.serves(max(p.m_min, 4)) else p.m_min
+    a = graphs.path_call(p, *graphs.make_inputs(p, m, n, k, seed=1, device="cuda"))
+    b = graphs.path_call(p, *graphs.make_inputs(p, m, n, k, seed=2, device="cuda"))
+    fails = graphs.check_graph_replays(a, b, rounds=8, concurrent=True)
+    assert any("differs" in f for f in fails), (
+        f"{name}: graphs captured on one stream replayed concurrently without a race; "
+        f"drop its capture_stream_workspace declaration ({p.capture_stream_workspace})")
+
+
+SPLIT_PATHS = ("single", "small_mma", "small_gemm")
+
+
+@pytest.mark.gpu
+def test_rendezvous_meets_only_with_a_partner():
+    """The forced overlap proves itself: two parties on two streams meet; one alone times out
+    and is not counted as met."""
+    from pq2verify.overlap import Rendezvous
+    r = Rendezvous(2, max_spin=1 << 12)
+    r.meet()                      # alone on the current stream: times out
+    torch.cuda.synchronize()
+    assert (r.arrivals(), r.met()) == (1, 0)
+    r = Rendezvous(2)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in (s1, s2):
+        with torch.cuda.stream(s):
+            r.meet()
+    torch.cuda.synchronize()
+    assert (r.arrivals(), r.met()) == (2, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SPLIT_PATHS)
+def test_planted_shared_partials_are_caught_every_time(name, monkeypatch):
+    """The race of issue 12, planted: one partials buffer per size shared by every call (the
+    old small_mma.workspace). The concurrent replay check must catch it in 10 of 10 tries on
+    an idle GPU, because the rendezvous makes the two graphs overlap."""
+    from kernels import splitk
+    shared, calls = {}, []
+
+    def planted(device, numel):
+        calls.append(numel)
+        return shared.setdefault((str(device), numel), torch.empty(numel, dtype=torch.float32, device=device))
+
+    monkeypatch.setattr(splitk, "partials", planted)
+    p = registry.get(name)
+    n, k = GPU[p.weight]
+    m = max(p.m_min, 4) if p.serves(max(p.m_min, 4)) else p.m_min
+    caught = 0
+    for t in range(10):
+        a = graphs.path_call(p, *graphs.make_inputs(p, m, n, k, seed=1 + 2 * t, device="cuda"))
+        b = graphs.path_call(p, *graphs.make_inputs(p, m, n, k, seed=2 + 2 * t, device="cuda"))
+        fails = graphs.check_graph_replays(a, b, rounds=8, concurrent=True)
+        assert not any("overlap did not happen" in f for f in fails), fails
+        caught += bool(fails)
+    assert calls, f"{name} did not split at {n}x{k}: the planted buffer was never used"
+    assert caught == 10, f"{name}: the planted shared partials were caught in {caught} of 10 tries"
 
 
 @pytest.mark.gpu

@@ -232,3 +232,14 @@ def test_encode_rejects_bad_codes_and_scales():
 def test_split_raw_shows_code_3_without_raising():
     codes, _ = pq2.split_raw(_raw_with_code3(row=3, block=1, weight=6))
     assert codes[3, 128 + 6] == 3 and (codes == 3).sum() == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 6), st.integers(0, 2 ** 31 - 1))
+def test_torch_pack_unpack_match_the_reference(rows, blocks, seed):
+    """pq2verify.weights packs and unpacks codes (the harness's one torch implementation)
+    exactly as the numpy reference does, code 3 included."""
+    codes = np.random.default_rng(seed).integers(0, 4, (rows, blocks * 128), dtype=np.uint8)
+    packed = pw.pack_codes(torch.from_numpy(codes))
+    assert np.array_equal(packed.numpy(), pq2.pack_codes(codes))
+    assert np.array_equal(pw.unpack_codes(packed).numpy(), codes)

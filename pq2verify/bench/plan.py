@@ -1,0 +1,153 @@
+"""The run plan: configuration, presets, shapes, the (shape, M) items and their byte counts."""
+
+import math
+from dataclasses import dataclass
+
+from .. import checks, kernelsets, registry
+from ..weights import BLOCK, BLOCK_BYTES
+
+
+GB = 1e9
+# One decode step of Ternary Bonsai 2 27B (SPEC §6): PQ2 projections and their calls per step.
+# in_proj_ba (BF16, 48 calls, 47 MB) is not a PQ2 projection and is left out of the step.
+STEP_COUNTS = {"gate_up": 64, "down": 64, "in_proj": 48, "qkv": 16, "out": 64, "lm_head": 1}
+STEP_LAYERS = 64
+DEFAULT_MS = (1, 2, 4, 8, 16, 128, 2048)
+STEP_MS = (1, 4, 8, 16)
+INTERP_MS = (1, 2, 17)
+# --quick fits a run in about 4 minutes of an H200 (gates, compiles and timing included): the
+# targets' M only, 7 rounds, and no new item started after 180 s.
+PRESETS = {"quick": dict(ms=(1, 16, 2048), step_ms=(1, 16), pairs=7, warmup=2, budget_s=180.0, reruns=1),
+           "full": dict(ms=None, step_ms=STEP_MS, pairs=9, warmup=3, budget_s=None, reruns=2)}
+M_PRIORITY = (1, 2048, 16, 4, 8, 2)   # the targets' M first, so a budget cut keeps them
+MIN_PAIRS = 7
+# H200 targets of the issue (fractions of the floor, speedups)
+TARGET_STEP_M1_FLOOR = 0.85
+TARGET_STEP_M1_VS_BF16 = 8.0
+TARGET_STEP_SMALL_FLOOR = 0.70
+TARGET_PREFILL_VS_BF16 = 1.25
+PREFILL_M = 2048
+
+
+@dataclass
+class Config:
+    a: str = "legacy"
+    b: str = "tuned"
+    shapes: str = "auto"           # a set of checks.SHAPES or comma-separated shape names
+    ms: tuple | None = None        # None: DEFAULT_MS, or INTERP_MS on the interpreter
+    step_ms: tuple = STEP_MS
+    dtype: str = "bf16"
+    layout: str = "prepared"
+    pairs: int = 9                 # timed rounds after warm-up (each round: every contestant once)
+    warmup: int = 3
+    rotate_gb: float = 1.0         # weight copies per shape total at least this (L2 is 60 MB)
+    min_sample_ms: float = 1.0     # one timed sample replays its graph until about this long
+    bw_gb: float = 2.0             # bandwidth probe buffer
+    reruns: int = 2                # gate determinism reruns
+    budget_s: float | None = None  # start no new item after this many seconds
+    bf16_step: str = "auto"        # auto | graph | sum
+
+    def check(self) -> None:
+        for opt, name in (("--a ", self.a), ("--b ", self.b)):
+            kernelsets.check_name(name, opt)
+        if self.dtype not in checks.DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r}: expected one of {', '.join(checks.DTYPES)}")
+        if self.layout not in ("raw", "prepared"):
+            raise ValueError(f"--layout {self.layout!r}: expected raw or prepared")
+        if self.pairs < MIN_PAIRS:
+            raise ValueError(f"--pairs {self.pairs}: at least {MIN_PAIRS} alternating rounds (SPEC §8)")
+        if self.bf16_step not in ("auto", "graph", "sum"):
+            raise ValueError(f"--bf16-step {self.bf16_step!r}: expected auto, graph or sum")
+
+    def signature(self, env_kind: str, device_name: str = "") -> dict:
+        """What a resumed run must share with the file it continues."""
+        return {"env": env_kind, "device": device_name, "a": self.a, "b": self.b, "dtype": self.dtype,
+                "layout": self.layout,
+                "rotate_gb": self.rotate_gb, "pairs": self.pairs}
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n: int
+    k: int
+    dense: bool = False
+
+
+@dataclass(frozen=True)
+class Item:
+    kind: str                      # bandwidth | shape | step
+    m: int = 0
+    shape: Shape | None = None
+
+    @property
+    def key(self) -> str:
+        if self.kind == "shape":
+            return f"shape:{self.shape.name}:m{self.m}"
+        return f"step:m{self.m}" if self.kind == "step" else self.kind
+
+
+def all_shapes() -> dict:
+    out = {}
+    for set_name, kinds in checks.SHAPES.items():
+        for kind, lst in kinds.items():
+            for name, n, k in lst:
+                out.setdefault(name, Shape(name, n, k, kind == "dense"))
+    return out
+
+
+def select_shapes(spec: str, default_set: str) -> list:
+    """'auto', a shape set name (small, bonsai27b) or comma-separated shape names."""
+    spec = default_set if spec in (None, "", "auto") else spec
+    known = all_shapes()
+    if spec in checks.SHAPES:
+        names = [s[0] for kind in ("pq2", "dense") for s in checks.SHAPES[spec][kind]]
+    else:
+        names = [v.strip() for v in spec.split(",") if v.strip()]
+    bad = [v for v in names if v not in known]
+    if bad or not names:
+        raise ValueError(f"--shapes {spec!r}: unknown {bad or 'empty'}; expected a set "
+                         f"({', '.join(checks.SHAPES)}) or names from {', '.join(known)}")
+    return [known[v] for v in names]
+
+
+def step_shapes() -> dict:
+    known = all_shapes()
+    return {name: known[name] for name in STEP_COUNTS}
+
+
+def step_order() -> list:
+    """The 257 PQ2 projections of one decode step in model order: 64 layers, every fourth a
+    full-attention layer (qkv) and the others DeltaNet (in_proj); each layer then its output
+    projection and the MLP (gate_up, down); lm_head last."""
+    seq = []
+    for layer in range(STEP_LAYERS):
+        seq += ["qkv" if layer % 4 == 3 else "in_proj", "out", "gate_up", "down"]
+    return seq + ["lm_head"]
+
+
+def order_ms(ms) -> list:
+    return sorted(set(ms), key=lambda m: (M_PRIORITY.index(m) if m in M_PRIORITY else len(M_PRIORITY), m))
+
+
+def make_plan(cfg: Config, shapes: list, with_step: bool) -> list:
+    items = [Item("bandwidth")]
+    step_ms = set(cfg.step_ms) if with_step else set()
+    for m in order_ms(set(cfg.ms) | step_ms):
+        if m in cfg.ms:
+            items += [Item("shape", m, s) for s in shapes]
+        if m in step_ms:
+            items.append(Item("step", m))
+    return items
+
+
+def pq2_nbytes(n: int, k: int) -> int:
+    return n * (k // BLOCK) * BLOCK_BYTES
+
+
+def dense_nbytes(n: int, k: int, dtype: str) -> int:
+    return n * k * checks.DTYPES[dtype].itemsize
+
+
+def copies_needed(nbytes: int, rotate_bytes: float) -> int:
+    return max(1, math.ceil(rotate_bytes / nbytes))

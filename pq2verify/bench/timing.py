@@ -1,0 +1,202 @@
+"""Timing: CUDA graphs, alternating rounds, NVML clock and power sampling, ratios and spreads."""
+
+import math
+import os
+import statistics
+import threading
+
+import torch
+
+from .plan import Config
+
+
+class GraphTimer:
+    """One CUDA graph of `thunks` (kernel calls); sample() times replays with CUDA events. It
+    keeps the thunks, and so every tensor they read or write, alive: the graph holds those
+    addresses."""
+
+    def __init__(self, thunks: list, per: int):
+        self.thunks, self.per = thunks, per
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):      # warm-up (compiles, workspaces) off the capture stream
+            for f in thunks:
+                f()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for f in thunks:
+                f()
+        torch.cuda.synchronize()
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def sample(self, reps: int, during=None) -> float:
+        """µs per unit over `reps` back-to-back replays; `during` runs while the GPU works."""
+        self.start.record()
+        for _ in range(reps):
+            self.graph.replay()
+        self.end.record()
+        if during is not None:
+            during()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) * 1e3 / (reps * self.per)
+
+    def replay_sync(self) -> None:
+        self.graph.replay()
+        torch.cuda.current_stream().synchronize()
+
+    def close(self) -> None:
+        self.graph = self.thunks = None
+
+
+class Sampler:
+    """Readings of `read()` (NVML clocks and power) tagged with the contestant being timed: a
+    background thread reads every `interval_s`, and poll() adds one reading per sample while the
+    GPU is busy. interval_s=0: no thread (dry runs and tests)."""
+
+    def __init__(self, read, interval_s: float = 0.01, note: str = ""):
+        self.read, self.interval, self.note = read, interval_s, note
+        self.tag = None
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        if self.read is not None and self.interval:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return False
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def mark(self, tag) -> None:
+        self.tag = tag
+
+    def poll(self) -> None:
+        tag = self.tag
+        if tag is None or self.read is None:
+            return
+        try:
+            r = self.read()
+        except Exception:  # a failed NVML read loses one sample, never the timing
+            return
+        self.samples.append((tag, r))
+
+    def summary(self, tag) -> dict:
+        rs = [r for t, r in self.samples if t == tag]
+        if not rs:
+            return {"n": 0, "note": self.note or "no readings"}
+        out = {"n": len(rs)}
+        for key in rs[0]:
+            vals = [r[key] for r in rs]
+            out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+        return out
+
+
+def _nvml_handle(nv):
+    idx = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(idx)
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is not None:   # match by PCI address: NVML indices ignore CUDA_VISIBLE_DEVICES
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            pci = nv.nvmlDeviceGetPciInfo(h)
+            if pci.bus == bus and pci.device == getattr(props, "pci_device_id", pci.device):
+                return h
+    vis = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if idx < len(vis) and vis[idx].isdigit():
+        idx = int(vis[idx])
+    return nv.nvmlDeviceGetHandleByIndex(idx)
+
+
+def nvml_reader():
+    """(read, note): read() gives the SM and memory clocks (MHz) and power (W) of the GPU that
+    torch uses; (None, why) without NVML."""
+    try:
+        import pynvml as nv
+        nv.nvmlInit()
+        h = _nvml_handle(nv)
+    except Exception as e:
+        return None, f"NVML unavailable ({type(e).__name__}: {e})"
+
+    def read():
+        return {"sm_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                "mem_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+                "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0}
+    return read, ""
+
+
+def time_rounds(timers: dict, pairs: int, warmup: int, min_sample_ms: float, sampler=None):
+    """Every contestant once per round, the order reversed every other round (A B C, C B A, ...)
+    so drift and order effects hit all alike. Warm-up rounds are not kept; they size `reps`, the
+    replays per sample, so that a sample lasts about min_sample_ms. Returns ({label: [µs per unit
+    per round]}, {label: reps}, [order of each round])."""
+    labels = list(timers)
+    est = {}
+    for _ in range(max(1, warmup)):
+        for lab in labels:
+            est[lab] = timers[lab].sample(1)
+    reps = {lab: max(1, math.ceil(min_sample_ms * 1e3 / max(est[lab] * timers[lab].per, 1e-3)))
+            for lab in labels}
+    times = {lab: [] for lab in labels}
+    orders = []
+    for i in range(pairs):
+        order = labels if i % 2 == 0 else labels[::-1]
+        orders.append(list(order))
+        for lab in order:
+            if sampler is not None:
+                sampler.mark(lab)
+            times[lab].append(timers[lab].sample(reps[lab], during=sampler.poll if sampler else None))
+        if sampler is not None:
+            sampler.mark(None)
+    return times, reps, orders
+
+
+def spread(vals) -> dict | None:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def round_ratios(times: dict, pairs) -> dict:
+    """'{y}_over_{x}': speedup of y over x per round, t_x / t_y (> 1: y faster), as a spread."""
+    out = {}
+    for x, y in pairs:
+        if times.get(x) and times.get(y):
+            out[f"{y}_over_{x}"] = spread([tx / ty for tx, ty in zip(times[x], times[y])])
+    return out
+
+
+def measure(env, contestants: list, cfg: Config):
+    """Build every contestant's timer, time them in alternating rounds under the sampler.
+    A contestant whose graph cannot be built is reported in `failed`, the rest still run."""
+    timers, failed = {}, {}
+    try:
+        for c in contestants:
+            try:
+                timers[c.label] = env.timer(c)
+            except Exception as e:
+                failed[c.label] = f"graph build failed: {type(e).__name__}: {e}"
+                env.release()
+        times, reps, clocks = {}, {}, {}
+        if timers:
+            with env.sampler() as smp:
+                times, reps, _ = time_rounds(timers, cfg.pairs, cfg.warmup, cfg.min_sample_ms, smp)
+            clocks = {lab: smp.summary(lab) for lab in timers}
+    finally:
+        for t in timers.values():
+            t.close()
+        timers.clear()
+        env.release()
+    return times, reps, clocks, failed

@@ -1,0 +1,52 @@
+"""Self-contained HTML pages for reports (`--html F` of check, golden, gsm8k, bench): one file
+with its styles and images inline, readable offline and attachable to a CI run as it is."""
+import base64
+import html
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:110em;color:#222}
+h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.6em}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f0f0f0;position:sticky;top:0}
+tr.fail td{background:#fde8e8} tr.warn td{background:#fff6dc}
+.verdict-pass{color:#176b2c;font-weight:bold} .verdict-fail{color:#b00020;font-weight:bold}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.85em}
+.meta{color:#555;font-size:.85em} code{font-size:.9em}
+"""
+
+
+def esc(v) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def table(headers: list[str], rows: list[list], row_class: list[str] | None = None) -> str:
+    """rows hold plain values (escaped here); row_class gives each row a class ('fail', 'warn')."""
+    out = ["<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr></thead><tbody>"]
+    for i, r in enumerate(rows):
+        cls = row_class[i] if row_class else ""
+        out.append(f'<tr class="{esc(cls)}">' + "".join(f"<td>{esc(v)}</td>" for v in r) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def verdict(ok: bool, text: str) -> str:
+    return f'<p class="verdict-{"pass" if ok else "fail"}">{esc(text)}</p>'
+
+
+def pre(text: str) -> str:
+    return f"<pre>{esc(text)}</pre>"
+
+
+def meta(items: dict) -> str:
+    return '<p class="meta">' + " · ".join(f"{esc(k)}: {esc(v)}" for k, v in items.items()) + "</p>"
+
+
+def image(png: bytes, alt: str) -> str:
+    return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def page(title: str, body: list[str]) -> str:
+    return ("<!doctype html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>{esc(title)}</title><style>{_STYLE}</style></head>\n<body>\n<h1>{esc(title)}</h1>\n"
+            + "\n".join(body) + "\n</body></html>\n")
