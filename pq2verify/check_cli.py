@@ -114,7 +114,8 @@ def markdown(results: list[dict], prov: list[dict], note: str = "") -> str:
     lines += ["", f"**{n_ok} of {len(results)} cases passed.**"] + ([note] if note else []) + [""]
     lines += summary(results) + ["",
               "| path | shape | M | dtype | layout | input | relRMS quantized (tol) | relRMS dense (tol) "
-              "| dots exact | claim | deterministic | written | verdict |", "|" + "---|" * 13]
+              "| elem/bound | max ulp | dots exact | claim | deterministic | written | guards | batch | NaN "
+              "| verdict |", "|" + "---|" * 18]
 
     def f(v, t):
         return "-" if v is None else f"{v:.2e} ({t:.0e})"
@@ -126,7 +127,10 @@ def markdown(results: list[dict], prov: list[dict], note: str = "") -> str:
         lines.append(f"| {r['path']} | {r['shape']} {r['n']}x{r['k']} | {r['m']} | {r['dtype']} | {r['layout']} "
                      f"| {r['kind']}{' strided' if r['strided'] else ''} "
                      f"| {f(r['rel_rms_quantized'], r['tol_quantized'])} | {f(r['rel_rms_dense'], r['tol_dense'])} "
+                     f"| {'-' if r.get('elem_ratio') is None else format(r['elem_ratio'], '.3f')} "
+                     f"| {r.get('max_ulp', '-') if r.get('max_ulp') is not None else '-'} "
                      f"| {b(r['dots_exact'])} | {claim} | {b(r['deterministic'])} | {b(r['written'])} "
+                     f"| {b(r.get('guards_intact'))} | {b(r.get('batch_invariant'))} | {b(r.get('nan_exact'))} "
                      f"| {'PASS' if r['ok'] else '**FAIL** ' + '; '.join(r['failures'])} |")
     return "\n".join(lines) + "\n"
 

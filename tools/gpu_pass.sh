@@ -38,9 +38,9 @@ for spec in "$@"; do
         sanitize) timeout "$cap" python3 tools/sanitize.py --out "$R" ;;
         suite) pyt tests -m "not bench" --ignore=tests/test_paths.py --junitxml "$R/suite.xml" ;;
         race) pyt tests/test_graphs.py -k "replays_identical or planted or rendezvous or capture_stream" \
-                && { for i in 1 2 3 4; do python3 tools/gpu_load.py 90 & done; sleep 3
+                && ( for i in 1 2 3 4; do python3 tools/gpu_load.py 90 & done; sleep 3
                      pyt tests/test_graphs.py -k "replays_identical or planted"; rc=$?; kill %1 %2 %3 %4; wait
-                     exit $rc; } ;;
+                     exit $rc ) ;;
         shard) # the same check on one GPU and as two shards on two GPUs (SHARD_ARGS selects the cases)
             s() { CUDA_VISIBLE_DEVICES=$1 pq2 check --skip-selfcheck ${SHARD_ARGS:-} ${2:+--shard $2} --json "$R/$3.json"; }
             t0=$(date +%s); s 0 1/2 w1 >"$R/w1.log" 2>&1 & s 1 2/2 w2 >"$R/w2.log" 2>&1 & wait
@@ -53,7 +53,7 @@ for spec in "$@"; do
             pyt -n 2 tests/test_graphs.py >"$R/xdist2.log" 2>&1; t6=$(date +%s)
             echo "pytest tests/test_graphs.py: one GPU $((t5 - t4)) s, -n 2 (one GPU per worker) $((t6 - t5)) s"
             tail -n 1 "$R/xdist1.log" "$R/xdist2.log" ;;
-        selftest) pq2 selftest --json "$R/selftest.json" --markdown "$R/selftest.md" ;;
+        selftest) pq2 selftest ${SELFTEST_ARGS:-} --json "$R/selftest.json" --markdown "$R/selftest.md" ;;
         tests) PYTHONPATH=$PYTHONPATH:/tmp/site pyt -m "graph or golden or exact" --junitxml "$R/tests.xml" tests ;;
         benchtests) pyt -m bench --benchmark-json "$R/benchtests.json" tests ;;
         gsm8k) model_site && pq2m gsm8k --a legacy --b tuned --out "$R/gsm8k" ;;
