@@ -29,12 +29,12 @@ def select(device: str = "auto") -> str:
         device = "cuda" if cuda_available() else "cpu"
     if device == "cuda" and not cuda_available():
         raise RuntimeError("device: cuda was asked for but torch sees no CUDA GPU")
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
     if _chosen is not None and _chosen != device:
         import sys
-        if any(m.startswith("kernels.") for m in sys.modules):
+        if any(m.startswith("kernels.") for m in sys.modules):   # refused before anything changes
             raise RuntimeError(f"backend already {_chosen}: kernels were imported; start a new process")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
     _chosen = device
     return device
 

@@ -58,6 +58,10 @@ class Path:
     # on ONE stream share it and race when replayed concurrently; the reason says so, with data.
     # The concurrency check then captures each graph on its own stream (and shows the hazard).
     capture_stream_workspace: str = ""
+    # Non-empty: the path's arithmetic is a vendor library call (e.g. cuBLAS through torch.matmul).
+    # tools/sanitize.py then runs the same library call alone as a control, so a finding inside
+    # the library is told apart from one in our code.
+    library: str = ""
     # row i of an M-row call does not depend on the other rows' values (checked bit for bit)
     batch_invariant: bool = True
     # scales the per-element fold allowance F; anything but 1.0 needs elem_reason (with data)
@@ -123,6 +127,7 @@ PATHS: tuple[Path, ...] = (
                     "(7 paired rounds, results/h200/bench.md)"),
     Path("cublas", "kernels.cublas", "legacy", 1, None, weight="dense", layouts=("dense",),
          arithmetic="floating", reference="dense", has_dots=False, tol_reason=_OUT,
+         library="cuBLAS (torch.matmul)",
          capture_stream_workspace=(
              "cuBLAS's workspace is per (handle, stream): two graphs of torch.matmul captured on "
              "one stream replayed concurrently differed from eager in 384/384 elements (H200 "

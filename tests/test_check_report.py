@@ -47,12 +47,13 @@ def test_bad_shard_is_a_usage_error(spec, capsys):
     assert e.value.code == 2 and "--shard" in capsys.readouterr().err
 
 
-def test_list_paths_and_cases(capsys):
+def test_list_paths_and_cases(capsys, device):
+    from pq2verify import backend
     assert cli.main(["--list-paths"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ("native", "int_gemv", "small_gemm"))
-    assert cli.main(["--device", "cpu", "--list-cases", "golden"]) == 0
+    assert cli.main(["--device", device, "--list-cases", "golden"]) == 0
     listed = capsys.readouterr().out.split()
-    assert listed == [c.id for c in cases.golden_cases("interpreter")]
+    assert listed == [c.id for c in cases.golden_cases(backend.golden_key())]
     assert cli.main(["--list-cases", "nonsense"]) == 2
     assert "unknown profile" in capsys.readouterr().err

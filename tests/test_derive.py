@@ -2,6 +2,7 @@
 written with provenance, and decides the `exact` set; a broken bit-identity claim fails."""
 import importlib
 import json
+import re
 
 import pytest
 import torch
@@ -70,7 +71,8 @@ def test_derive_honours_paths_and_records_only_when_asked(device, few_cases, cap
     rc = cli.main(["--device", device, "check", "--derive-exact", "--paths", "single", "--json", str(out)])
     text = " ".join(capsys.readouterr().out.split())
     assert rc == 0, text
-    assert "single vs int_gemv: 2/2 cases" in text and "small_mma vs" not in text
+    # how many of the two are bit-identical is the backend's answer (all on the interpreter)
+    assert re.search(r"single vs int_gemv: [012]/2 cases", text) and "small_mma vs" not in text
     assert "not recorded" in text and "--record writes it" in text
     assert not list(few_cases.glob("exact-*.json")), "derive without --record wrote the record"
     assert set(json.loads(out.read_text())["paths"]) == {"single"}
