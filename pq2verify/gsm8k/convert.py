@@ -2,8 +2,9 @@
 
 Per group of 128 weights of a row: s = amax / ((3^T - 1) / 2), n = round(w / s) in
 [-(3^T-1)/2, (3^T-1)/2], n = sum_t 3^t d_t with d_t in {-1, 0, 1}. Digit t is a PQ2_0 matrix
-with scale fp16(s * 3^t); the T digit matrices stacked along N form one PQ2 matrix [T*N, K]
-whose output slices add up to the layer's output. K is padded with zeros to a multiple of 128.
+with scale fp16(s * 3^t); the T digit matrices side by side along K form one PQ2 matrix
+[N, T*Kp] which, fed [x | x | ... ] (T copies), sums all digits in one FP32 accumulation and
+rounds once. K is padded with zeros to Kp, a multiple of 128.
 A matrix already ternary per group ({-a, 0, a}) is the case T = 1, and is then lossless.
 """
 import torch
@@ -69,8 +70,8 @@ def quantize_digits(w: torch.Tensor, digits: int):
 
 
 def convert(mats: list[torch.Tensor], digits: int, *, layout: str = "prepared"):
-    """Stack digit t of every matrix as rows [t*N_total + offset]: one PQ2Weight [T*sum(N), Kp]
-    (mats share K). Returns (weight, stats) with stats {sq_err, sq_ref, max_rel} for fidelity."""
+    """The matrices stacked along N (they share K), digit t of each at columns [t*Kp, (t+1)*Kp):
+    one PQ2Weight [sum(N), T*Kp]. Returns (weight, stats) with stats {sq_err, sq_ref, max_rel}."""
     ds, ss, sq_err, sq_ref, worst = [], [], 0.0, 0.0, 0.0
     for m in mats:
         d, sc, rec = quantize_digits(m, digits)
@@ -81,9 +82,10 @@ def convert(mats: list[torch.Tensor], digits: int, *, layout: str = "prepared"):
         sq_err, sq_ref = sq_err + e, sq_ref + r
         worst = max(worst, (e / r) ** 0.5 if r else 0.0)
     d = torch.cat(ds, dim=1)                                               # [T, Nt, Kp]
-    sc = torch.cat(ss, dim=1)
+    sc = torch.cat(ss, dim=1)                                              # [T, Nt, G]
     t, nt, kp = d.shape
-    raw = pack_codes((d + 1).to(torch.uint8).reshape(t * nt, kp), sc.reshape(t * nt, -1))
+    codes = (d + 1).to(torch.uint8).permute(1, 0, 2).reshape(nt, t * kp)
+    raw = pack_codes(codes, sc.permute(1, 0, 2).reshape(nt, -1))
     w = PQ2Weight.from_raw(raw)
     if layout == "prepared":
         w = w.to_prepared()

@@ -1,37 +1,62 @@
-"""Answer extraction and exact comparison (decimal.Decimal, never floats).
+"""Answer extraction and exact comparison (rationals, never floats).
 
 strict: the value after the first `####` of the generated text (already cut at a stop).
 flexible: the last number anywhere in the text.
-Numbers: thousands commas (5,600), a minus sign (-3, or U+2212), a `$`, trailing zeros
-($18.00), a period that ends a sentence (18.) are all handled; a bare comma is no number.
+Numbers: thousands grouped by commas (5,600) or by spaces (1 000, also no-break and thin
+spaces), a minus sign (-3, or U+2212), a `$`, trailing zeros ($18.00), a leading point (.5),
+a fraction of integers (1/2), a period that ends a sentence (18.) are all handled; a bare comma
+is no number. Values are compared as exact rationals (fractions.Fraction): 1/2 == 0.5.
 """
 import re
-from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
-# A number: optional sign, optional $, then either comma-grouped thousands or plain digits,
-# (a minus right after a word character is a hyphen, "5-6"),
-# then an optional fraction that must have digits (so "18." stops before the period).
-_NUM = r"(?:(?<!\w)[-\u2212])?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_SP = "[ \u00a0\u2009\u202f]"           # space, no-break space, thin space, narrow no-break space
+# An unsigned number: comma- or space-grouped thousands, or plain digits, then an optional
+# fraction that must have digits (so "18." stops before the period); or a leading point (.5)
+# not glued to a word or another point; or a fraction of integers (1/2).
+_INT = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d{1,3}(?:" + _SP + r"\d{3})+(?![\d,])|\d+)"
+_UNSIGNED = (r"(?:\d+/\d+(?![\d/])"
+             r"|" + _INT + r"(?:\.\d+)?"
+             r"|(?<![\w.])\.\d+)")
+# optional sign (a minus right after a word character is a hyphen, "5-6"), optional $
+_NUM = r"(?:(?<!\w)[-\u2212])?\$?" + _UNSIGNED
 NUM_RE = re.compile(_NUM)
 STRICT_RE = re.compile(r"####\s*(" + _NUM + ")")
 
 
-def normalize(s: str | None) -> str | None:
-    """A number's text to a canonical decimal string ('$1,800.00' -> '1800'), or None."""
+def value(s: str | None) -> Fraction | None:
+    """A number's text to an exact rational ('$1,800.00' -> 1800, '1/2' -> 1/2), or None."""
     if s is None:
         return None
-    t = s.replace("\u2212", "-").replace("$", "").replace(",", "").replace(" ", "").strip()
+    t = re.sub(_SP, "", s.replace("\u2212", "-").replace("$", "").replace(",", "")).strip()
     if t.endswith("."):
         t = t[:-1]
+    if t.startswith(("-.", ".")):
+        t = t.replace(".", "0.", 1)
     try:
-        d = Decimal(t)
-    except InvalidOperation:
+        return Fraction(t)
+    except (ValueError, ZeroDivisionError):
         return None
-    if not d.is_finite():
+
+
+def normalize(s: str | None) -> str | None:
+    """Canonical text of a number: '1800', '-2.5', or 'p/q' where no finite decimal exists."""
+    v = value(s)
+    if v is None:
         return None
-    d = d.normalize()
-    out = format(d, "f")
-    return "0" if out in ("-0", "0") else out
+    if v.denominator == 1:
+        return str(v.numerator)
+    d = v.denominator
+    twos = fives = 0
+    while d % 2 == 0:
+        d, twos = d // 2, twos + 1
+    while d % 5 == 0:
+        d, fives = d // 5, fives + 1
+    if d != 1:
+        return f"{v.numerator}/{v.denominator}"
+    places = max(twos, fives)
+    digits = str(abs(v.numerator) * 10 ** places // v.denominator).rjust(places + 1, "0")
+    return ("-" if v < 0 else "") + digits[:-places] + "." + digits[-places:]
 
 
 def strict(text: str) -> str | None:
@@ -40,8 +65,11 @@ def strict(text: str) -> str | None:
 
 
 def flexible(text: str) -> str | None:
-    found = NUM_RE.findall(text)
-    return normalize(found[-1]) if found else None
+    for found in reversed(NUM_RE.findall(text)):
+        v = normalize(found)
+        if v is not None:                 # skip a 3/0
+            return v
+    return None
 
 
 def gold(answer: str) -> str:
@@ -53,9 +81,8 @@ def gold(answer: str) -> str:
 
 
 def same(a: str | None, b: str | None) -> bool:
-    if a is None or b is None:
-        return False
-    return Decimal(a) == Decimal(b)
+    va, vb = value(a), value(b)
+    return va is not None and vb is not None and va == vb
 
 
 def score(text: str, gold_value: str) -> dict:

@@ -6,12 +6,23 @@ Speed without changing any row's function:
   questions, left padded *after* the prefix ([prefix][pad..][question]) with explicit position
   ids, which is the same function as one unpadded prompt per row.
 - A row that stops leaves the batch (its cache rows are dropped), so decode M shrinks from
-  the batch size to 1: the decode paths for M in 2..16 and M = 1 all get exercised.
+  the batch size to 1: the decode paths for M in 2..16 and M = 1 all get exercised. A row's
+  decode M therefore depends on when its batch-mates stop; each result records its Ms
+  (`decode_m`) so that a comparison can tell a kernel difference from a batch-mate's.
+- Text is decoded incrementally (a few tokens per step, not the whole generation).
 Greedy: argmax of the FP32 logits (ties go to the lowest token id, torch.argmax's rule).
+Top-k log-probabilities are kept as the float32 values themselves (exact in JSON), so two
+runs' first numeric difference is found however small.
+
+Teacher forcing (followers): other kernel configurations run in lockstep with the generating
+one, each with its own KV cache, fed the leader's tokens, on the same rows and so at the same
+M every step. Per step and row they record KL(leader || follower) over the whole vocabulary,
+whether their argmax is the leader's token, and their log-probabilities of the leader's top-k.
 """
 import copy
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -29,6 +40,58 @@ class Result:
     text: str
     stop: str                      # "eos" | "stop:<seq>" | "length"
     topk: list = field(default_factory=list)    # per step [[token, logprob], ...] best first
+    decode_m: list = field(default_factory=list)  # [[M, steps], ...]: the M of each decode step
+    teacher: dict = field(default_factory=dict)   # follower name -> {"kl", "top1", "lpk"} per step
+
+
+@dataclass
+class Follower:
+    """A configuration scored on the leader's tokens; switch() -> the context of its forwards.
+    same(M): whether its projections at M run the leader's path in the leader's fold order; a
+    prefill whose every call does is bit for bit the leader's, so its cache and logits are
+    copied instead of computed again (the prefills are most of a CPU run's time)."""
+    name: str
+    switch: Callable[[], Any]
+    same: Callable[[int], bool] = lambda m: False
+    prefix_cache: Any = None
+    shared_prefix: bool = False
+
+
+def _rle(ms: list[int]) -> list[list[int]]:
+    out = []
+    for m in ms:
+        if out and out[-1][0] == m:
+            out[-1][1] += 1
+        else:
+            out.append([m, 1])
+    return out
+
+
+class _Text:
+    """Incremental detokenization of one row (vLLM's prefix/read offsets): the text that the
+    newest tokens add is decode(ids[prefix:]) minus decode(ids[prefix:read]), a few tokens each
+    step; a tail ending in U+FFFD (an unfinished UTF-8 sequence) waits for the next token."""
+
+    def __init__(self, decode):
+        self.decode = decode
+        self.ids: list[int] = []
+        self.text = ""              # settled text
+        self.pending = ""           # text of the tail that is not settled yet
+        self.prefix = self.read = 0
+
+    def add(self, t: int) -> str:
+        """Append a token; the text so far (settled + pending)."""
+        self.ids.append(t)
+        head = self.decode(self.ids[self.prefix:self.read])
+        full = self.decode(self.ids[self.prefix:])
+        new = full[len(head):]
+        if new and not new.endswith("\ufffd"):
+            self.text += new
+            self.pending = ""
+            self.prefix, self.read = self.read, len(self.ids)
+        else:
+            self.pending = new
+        return self.text + self.pending
 
 
 def common_prefix(seqs: list[list[int]]) -> int:
@@ -73,23 +136,40 @@ class Generator:
         self.device = next(model.parameters()).device
         self.prefix: list[int] = []
         self._prefix_cache = None
+        self.followers: list[Follower] = []
         self.tokens_out = 0
         self.seconds = 0.0
         self._kw = _cache_kw(model)
 
     @torch.no_grad()
-    def set_prefix(self, prefix: list[int]) -> None:
+    def set_prefix(self, prefix: list[int], followers: list[Follower] = ()) -> None:
+        """Prefill the prompts' shared prefix once, for the leader and each follower."""
         self.prefix = list(prefix)
-        self._prefix_cache = None
-        if prefix:
-            cache = _new_cache(self.model)
-            ids = torch.tensor([prefix], device=self.device)
-            self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._kw: cache})
-            self._prefix_cache = cache
+        self.followers = list(followers)
+        self._prefix_cache = self._prefill_prefix()
+        for f in self.followers:
+            f.shared_prefix = f.same(len(self.prefix))
+            if f.shared_prefix:
+                f.prefix_cache = copy.deepcopy(self._prefix_cache)
+                continue
+            with f.switch():
+                f.prefix_cache = self._prefill_prefix()
+
+    def _prefill_prefix(self):
+        if not self.prefix:
+            return None
+        cache = _new_cache(self.model)
+        ids = torch.tensor([self.prefix], device=self.device)
+        self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._kw: cache})
+        return cache
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tok.decode(tokens, skip_special_tokens=False)
 
     def _cut(self, tokens: list[int]):
-        """(text, stop reason or None) with the text cut at the first stop sequence."""
-        text = self.tok.decode(tokens, skip_special_tokens=False)
+        """(text, stop reason or None) with the text cut at the first stop sequence: the whole
+        generation decoded once (used when a row ends)."""
+        text = self._decode(tokens)
         best = None
         for s in self.stops:
             i = text.find(s)
@@ -98,8 +178,28 @@ class Generator:
         if best is not None:
             return text[:best[0]], f"stop:{best[1]}"
         if tokens and tokens[-1] in self.eos:
-            return self.tok.decode(tokens[:-1], skip_special_tokens=False), "eos"
+            return self._decode(tokens[:-1]), "eos"
         return text, None
+
+    def _stopped(self, row: _Text, before: int) -> bool:
+        """Whether the row's newest token ends it: a stop sequence that ends after `before`
+        (the text's length one token ago; only the tail is searched), or an EOS token."""
+        start = max(0, before - max((len(s) for s in self.stops), default=0))
+        n = len(row.text)
+        tail = row.text[start:] + row.pending if start < n else row.pending[start - n:]
+        return any(s in tail for s in self.stops) or row.ids[-1] in self.eos
+
+    def _batch_cache(self, prefix_cache, b: int):
+        if prefix_cache is None:
+            return _new_cache(self.model)
+        cache = copy.deepcopy(prefix_cache)
+        if b > 1:
+            cache.batch_repeat_interleave(b)
+        return cache
+
+    def _forward(self, ids, mask, pos, cache):
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                          logits_to_keep=1, **{self._kw: cache})
 
     @torch.no_grad()
     def run_batch(self, reqs: list[Request], on_done) -> None:
@@ -119,47 +219,74 @@ class Generator:
             ids[i, L - len(s):] = torch.tensor(s)
             mask[i, P + L - len(s):] = 1
             pos[i, L - len(s):] = torch.arange(P, P + len(s))
-        if self._prefix_cache is not None:
-            cache = copy.deepcopy(self._prefix_cache)
-            if B > 1:
-                cache.batch_repeat_interleave(B)
-        else:
-            cache = _new_cache(self.model)
         dev = self.device
-        mask, nxt_pos = mask.to(dev), pos[:, -1].to(dev) + 1
-        out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
-                         use_cache=True, logits_to_keep=1, **{self._kw: cache})
+        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
+        nxt_pos = pos[:, -1] + 1
+        cache = self._batch_cache(self._prefix_cache, B)
+        out = self._forward(ids, mask, pos, cache)
+        fol = []                                 # [follower, its cache, its last output]
+        for f in self.followers:
+            if f.shared_prefix and f.same(B * L):
+                fol.append([f, copy.deepcopy(cache), out])
+                continue
+            fc = self._batch_cache(f.prefix_cache, B)
+            with f.switch():
+                fol.append([f, fc, self._forward(ids, mask, pos, fc)])
         alive = list(range(B))                  # request index of each cache row
-        gen = [[] for _ in reqs]
+        texts = [_Text(self._decode) for _ in reqs]
         tops = [[] for _ in reqs]
+        ms = [[] for _ in reqs]
+        teach = [{f.name: {"kl": [], "top1": [], "lpk": []} for f in self.followers} for _ in reqs]
+        m = None                                # M of the decode forward that gave these logits
         while True:
             logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
             nxt = torch.argmax(logp, dim=-1)
             k = min(self.top_k, logp.shape[-1])
             tv, ti = torch.topk(logp, k, dim=-1)
             nxt_l, tv_l, ti_l = nxt.tolist(), tv.cpu().tolist(), ti.cpu().tolist()
+            for f, _, fout in fol:
+                flp = torch.log_softmax(fout.logits[:, -1].float(), dim=-1)
+                kl = (logp.double().exp() * (logp.double() - flp.double())).sum(-1).tolist()
+                agree = (torch.argmax(flp, dim=-1) == nxt).tolist()
+                lpk = flp.gather(1, ti).cpu().tolist()
+                for row, ri in enumerate(alive):
+                    t = teach[ri][f.name]
+                    t["kl"].append(kl[row])
+                    t["top1"].append(bool(agree[row]))
+                    t["lpk"].append(lpk[row])
             keep = []
             for row, ri in enumerate(alive):
-                tok = nxt_l[row]
-                gen[ri].append(tok)
-                tops[ri].append([[t, round(v, 6)] for t, v in zip(ti_l[row], tv_l[row])])
+                row_text = texts[ri]
+                before = len(row_text.text) + len(row_text.pending)
+                row_text.add(nxt_l[row])
+                tops[ri].append([[t, v] for t, v in zip(ti_l[row], tv_l[row])])   # float32 values, exact
+                if m is not None:
+                    ms[ri].append(m)
                 self.tokens_out += 1
-                text, why = self._cut(gen[ri])
-                if why is None and len(gen[ri]) >= self.max_new:
-                    why = "length"
+                gen = row_text.ids
+                why = None
+                if self._stopped(row_text, before):
+                    text, why = self._cut(gen)
+                if why is None and len(gen) >= self.max_new:
+                    text, why = self._decode(gen), "length"
                 if why is None:
                     keep.append(row)
                 else:
-                    on_done(Result(reqs[ri].qid, gen[ri], text, why, tops[ri]))
+                    on_done(Result(reqs[ri].qid, list(gen), text, why, tops[ri], _rle(ms[ri]), teach[ri]))
             if not keep:
                 break
             if len(keep) < len(alive):
                 sel = torch.tensor(keep, device=dev)
                 cache.batch_select_indices(sel)
+                for entry in fol:
+                    entry[1].batch_select_indices(sel)
                 mask, nxt, nxt_pos = mask[sel], nxt[sel], nxt_pos[sel]
                 alive = [alive[r] for r in keep]
             mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
-            out = self.model(input_ids=nxt.view(-1, 1), attention_mask=mask, position_ids=nxt_pos.view(-1, 1),
-                             use_cache=True, logits_to_keep=1, **{self._kw: cache})
+            m = len(alive)
+            out = self._forward(nxt.view(-1, 1), mask, nxt_pos.view(-1, 1), cache)
+            for entry in fol:
+                with entry[0].switch():
+                    entry[2] = self._forward(nxt.view(-1, 1), mask, nxt_pos.view(-1, 1), entry[1])
             nxt_pos = nxt_pos + 1
         self.seconds += time.perf_counter() - t0

@@ -4,6 +4,18 @@
 Projections that read the same input (q/k/v, gate/up) are stacked into one PQ2 matrix to cut
 launches: the first sibling called computes all of them and the others take their slice of
 that result when they are called with the very same input tensor.
+
+The T balanced-ternary digits of a projection lie side by side along K (convert.py), and the
+input is fed T times, [x | x | ...]: one pq2_matmul sums all T*G group partials in its own FP32
+accumulator and rounds once to the activation dtype, as for a natively ternary checkpoint.
+(Digits stacked along N rounded each digit's slice to bf16 before their sum, T + 1 roundings:
+on SmolLM2's projections at 4 digits, 41% of outputs then missed the correctly rounded sum,
+relative RMS error 2.7e-3 instead of 1.7e-3.)
+
+Noise-floor variant (Usage.reverse): calls whose M lies in the given ranges fold the K groups
+in reverse order. Groups are permuted as whole 128-blocks in the weight and in the input alike,
+so each group's Q8 scale and integer dot are unchanged and only the FP32 order of the partial
+sums differs: the same arithmetic, another valid fold order, on every path and backend.
 """
 import hashlib
 import importlib.util
@@ -103,37 +115,65 @@ def load_hf(path: str, dtype: torch.dtype):
 
 @dataclass
 class Usage:
-    """Calls per (path, M) across all PQ2 layers: the proof of which code ran at which M."""
+    """Calls per (path, M) across all PQ2 layers: the proof of which code ran at which M.
+    reverse: M ranges [(lo, hi or None)] whose calls fold the K groups in reverse order."""
     calls: Counter = field(default_factory=Counter)
+    reverse: tuple = ()
+
+    def reverses(self, m: int) -> bool:
+        return any(m >= lo and (hi is None or m <= hi) for lo, hi in self.reverse)
+
+
+def reversed_groups(w):
+    """The same PQ2 matrix with its K groups in reverse order (whole 34-byte blocks)."""
+    from ..weights import BLOCK_BYTES, PQ2Weight
+    raw = w.to_raw().data.view(w.n, w.groups, BLOCK_BYTES).flip(1).reshape(w.n, -1)
+    out = PQ2Weight.from_raw(raw.contiguous())
+    return out.to_prepared() if w.layout == "prepared" else out
 
 
 class _Stack:
-    """One stacked PQ2 matrix for a group of sibling projections (T digits of each)."""
+    """One PQ2 matrix [sum(outs), T*Kp] for a group of sibling projections, T digits along K."""
 
     def __init__(self, w, digits, outs, k, usage):
         self.w, self.digits, self.outs, self.k, self.usage = w, digits, outs, k, usage
-        self.n_total = sum(outs)
+        self.kp = w.k // digits                     # K padded to whole groups, one digit
+        g = self.kp // 128
+        # Input columns of each K position of the weight: digit t's group j reads x's group j;
+        # reversed, position i holds the group that was at T*G-1-i.
+        order = torch.arange(digits * g)
+        self._cols = {False: self._columns(order % g, w.device),
+                      True: self._columns(order.flip(0) % g, w.device)}
+        self._w_rev = None
         self._x = None
         self._ys = None
         self._left = 0
 
+    def _columns(self, groups, device):
+        cols = (groups.view(-1, 1) * 128 + torch.arange(128)).reshape(-1)
+        if torch.equal(cols, torch.arange(self.kp)):
+            return None                                           # x as it is: no copy
+        return cols.to(device)
+
     def run(self, x: torch.Tensor) -> list[torch.Tensor]:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        kp = self.w.k
-        if kp != self.k:
-            x2 = torch.nn.functional.pad(x2, (0, kp - self.k))   # zero K padding: exact
+        if self.kp != self.k:
+            x2 = torch.nn.functional.pad(x2, (0, self.kp - self.k))   # zero K padding: exact
+        m = x2.shape[0]
+        rev = self.usage.reverses(m)
+        w = self.w
+        if rev:
+            if self._w_rev is None:
+                self._w_rev = reversed_groups(self.w)
+            w = self._w_rev
+        cols = self._cols[rev]
+        if cols is not None:
+            x2 = x2.index_select(1, cols)
         with dispatch.trace() as served:   # which path served this call, and at which M
-            y = dispatch.pq2_matmul(x2, self.w)
+            y = dispatch.pq2_matmul(x2, w)
         for name in served:
-            self.usage.calls[(name, x2.shape[0])] += 1
-        # The T digit slices, summed in FP32 in ascending digit order, rounded once.
-        if self.digits > 1:
-            n = self.n_total
-            acc = y[:, :n].float()
-            for t in range(1, self.digits):
-                acc.add_(y[:, t * n:(t + 1) * n])
-            y = acc.to(x.dtype)
+            self.usage.calls[(name, m)] += 1
         return [part.reshape(*lead, part.shape[-1]) for part in y.split(self.outs, dim=-1)]
 
     def get(self, x: torch.Tensor, index: int) -> torch.Tensor:
@@ -160,7 +200,7 @@ class PQ2Linear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self):
-        return f"pq2 [{self.stack.w.n}, {self.stack.w.k}] digits={self.stack.digits} slice={self.index}"
+        return f"pq2 [{self.stack.w.n}, {self.stack.w.k}] digits={self.stack.digits} (along K) slice={self.index}"
 
 
 def _linear_groups(model):

@@ -12,6 +12,13 @@ is outside the recorded top-k, the margin is at least top1 - topk and is reporte
 The first step whose log-probabilities differ at all (numeric_step) says where the arithmetic
 first changed the model's state; a flip many steps later with large margins means the states
 drifted apart (one rounding flip amplified, e.g. by a Q8 code crossing a rounding boundary).
+
+Batch-mates: a row leaves its batch when it stops, so the decode M of the others (and in the
+tuned set their path: single at M = 1, small_mma at 2..16) depends on when their batch-mates
+stop. Each record lists its decode Ms; `m_differs_step` is the first step before the
+divergence at which the two runs computed this question at different M (None: the same Ms
+throughout, so only the kernels differed). The teacher-forced metrics (floor.py) have no such
+dependence: followers run at the leader's M.
 """
 from . import extract
 
@@ -75,6 +82,22 @@ def divergence(ra: dict, rb: dict, near_tie: float = NEAR_TIE) -> dict | None:
     return out
 
 
+def _ms(rec: dict) -> list[int]:
+    return [m for m, n in rec.get("decode_m") or [] for _ in range(n)]
+
+
+def m_differs_step(ra: dict, rb: dict, upto: int) -> int | None:
+    """The first step <= upto whose logits came from a forward at a different decode M in the
+    two runs (step s >= 1 is the decode forward s - 1), or None."""
+    ma, mb = _ms(ra), _ms(rb)
+    for s in range(1, upto + 1):
+        a = ma[s - 1] if s - 1 < len(ma) else None
+        b = mb[s - 1] if s - 1 < len(mb) else None
+        if a != b:
+            return s
+    return None
+
+
 def answer_class(ra: dict, rb: dict) -> str | None:
     """None if the answers are the same; else right->wrong, wrong->right or both wrong."""
     a, b = ra.get("answer"), rb.get("answer")
@@ -110,6 +133,7 @@ def compare(a: dict, b: dict, *, decode=None, near_tie: float = NEAR_TIE) -> dic
             same_tokens += 1
             continue
         cls = answer_class(ra, rb)
+        dv["m_differs_step"] = m_differs_step(ra, rb, dv["step"])
         if decode is not None:
             dv["prefix"] = decode(ra["tokens"][:dv["step"]])
             dv["text_a"] = decode([dv["token_a"]]) if dv["token_a"] is not None else "(stopped)"
@@ -123,7 +147,67 @@ def compare(a: dict, b: dict, *, decode=None, near_tie: float = NEAR_TIE) -> dic
             "answer_diffs": len(diffs), "by_class": counts, "by_kind": kinds,
             "text_only_diffs": len(text_only),
             "text_only_by_kind": {k: sum(1 for d in text_only if d["kind"] == k) for k in ("near-tie", "real", "length")},
+            "batchmate_m_differs": sum(1 for d in diffs + text_only if d["m_differs_step"] is not None),
             "diffs": diffs, "text_only": text_only, "near_tie_nats": near_tie}
+
+
+def first_margins(cmp: dict) -> dict:
+    """Median and 90th percentile of A's margin at the first differing token (exact margins)."""
+    ms = sorted(d["margin_a"] for d in cmp["diffs"] + cmp["text_only"]
+                if d.get("margin_a") is not None and not d.get("margin_a_bound"))
+    if not ms:
+        return {"n": 0, "median": None, "p90": None}
+    return {"n": len(ms), "median": ms[len(ms) // 2], "p90": ms[min(len(ms) - 1, int(0.9 * len(ms)))]}
+
+
+def _f(v, fmt=".4g"):
+    return "n/a" if v is None else format(v, fmt)
+
+
+def _floor_section(rep: dict) -> list[str]:
+    fl, tf, vd = rep.get("floor"), rep.get("teacher") or {}, rep.get("verdict")
+    if not fl and not tf:
+        return []
+    L = ["", "## Noise floor and teacher forcing", ""]
+    if fl:
+        L.append(f"- floor run F: A's kernels with the K groups folded in reverse order at M {fl['fold_reversed_m']} "
+                 "(where B's paths differ from A's): the same arithmetic in another valid FP32 order")
+    L += ["", "| comparison | identical answers | identical generations | answers differ (near-tie / real) | "
+          "A margin at first difference, median (p90) | teacher-forced mean KL per token | top-1 agreement | "
+          "largest abs delta log p (id, step) |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, cmp, t in (("A vs B", rep["compare"], tf.get("b")), ("A vs F (floor)", (fl or {}).get("compare"), tf.get("f"))):
+        if cmp is None and t is None:
+            continue
+        row = [name]
+        if cmp:
+            fm = first_margins(cmp)
+            row += [f"{cmp['identical_answers']}/{cmp['n']}", f"{cmp['identical_generations']}/{cmp['n']}",
+                    f"{cmp['answer_diffs']} ({cmp['by_kind']['near-tie']} / {cmp['by_kind']['real']})",
+                    f"{_f(fm['median'])} ({_f(fm['p90'])})"]
+        else:
+            row += ["n/a"] * 4
+        if t and t.get("mean_kl") is not None:
+            w = t["worst"]
+            row += [_f(t["mean_kl"]), f"{100 * t['top1']:.2f}%", f"{w['dlp']:.4g} ({w['id']}, {w['step']})"]
+        else:
+            row += ["n/a"] * 3
+        L.append("| " + " | ".join(row) + " |")
+    lead = next((r for r in rep.get("runs", []) if r.get("teacher_trace")), None)
+    if lead:
+        calls = "; ".join(f"{f}: " + ", ".join(f"{k} {v}" for k, v in t.items())
+                          for f, t in sorted(lead["teacher_trace"].items()))
+        L += ["", f"- teacher-forced calls (the paths scored): {calls} (a prefill whose path and fold order are "
+              "A's is copied from A, not recomputed)"]
+    if vd:
+        L += ["", f"**Verdict: {vd['verdict']}** — {vd['test']}: A->B above A->F on {vd['above']} questions, "
+              f"below on {vd['below']} ({vd['ties']} ties), p = {vd['p']:.3g}; mean KL ratio B/F "
+              f"{_f(vd['kl_ratio'], '.3g')}."]
+    v = rep["compare"].get("answer_diffs_vs_floor")
+    if v:
+        L.append(f"- A/B answer flips against the floor's drift at their step: within {v['within floor drift']}, "
+                 f"beyond {v['beyond floor drift']}, not measurable {v['n/a']}")
+    return L
 
 
 def _m(v, bound):
@@ -161,7 +245,8 @@ def markdown(rep: dict) -> str:
         s = r["summary"]
         paths = ", ".join(f"{k} {v}" for k, v in sorted(r["trace"].items()))
         ms = "; ".join(f"{k}: {v}" for k, v in sorted(r["m_seen"].items()))
-        L.append(f"| {r['label']} | `{r['spec']}` | {s['correct']}/{s['n']} ({100 * s['accuracy']:.1f}%) | "
+        spec = r["spec"] + (f", groups folded in reverse at M {r['fold_reversed_m']}" if r.get("fold_reversed_m") else "")
+        L.append(f"| {r['label']} | `{spec}` | {s['correct']}/{s['n']} ({100 * s['accuracy']:.1f}%) | "
                  f"{s['invalid']} ({100 * s['invalid_rate']:.1f}%) | {s['strict_invalid']} | {s['tokens']} | "
                  f"{r.get('tok_per_s') or 0:.1f} | {paths} | {ms} |")
     c = rep["compare"]
@@ -173,22 +258,29 @@ def markdown(rep: dict) -> str:
           f"near-tie flips {c['by_kind']['near-tie']}, real divergences {c['by_kind']['real']}",
           f"- generations that differ with the same answer: {c['text_only_diffs']} "
           f"(near-tie {c['text_only_by_kind']['near-tie']}, real {c['text_only_by_kind']['real']})"]
+    L.append(f"- questions whose decode M differed between A and B before their first differing token "
+             f"(a batch-mate stopped at another step): {c.get('batchmate_m_differs', 0)}")
     if rep.get("control"):
         k = rep["control"]
         L += [f"- control A/A: identical answers {k['identical_answers']}/{k['n']}, identical generations "
               f"{k['identical_generations']}/{k['n']}, answers that differ {k['answer_diffs']}"]
+    L += _floor_section(rep)
     for title, rows in (("Answers that differ", c["diffs"]), ("Same answer, different text", c["text_only"])):
         if not rows:
             continue
         L += ["", f"### {title}", "",
               "| id | class | A answer | B answer | step | A token | B token | margin A | margin B | kind | "
-              "logprobs first differ (step, max delta) | shared prefix (end) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "floor drift there | vs floor | M differs from step | logprobs first differ (step, max delta) | "
+              "shared prefix (end) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for d in rows:
+            fd = d.get("floor_drift")
             L.append(f"| {d['id']} | {d['class'] or 'same'} | {d['answer_a']} | {d['answer_b']} | {d['step']} | "
                      f"`{_esc(d.get('text_a', str(d['token_a'])), 20)}` | `{_esc(d.get('text_b', str(d['token_b'])), 20)}` | "
                      f"{_m(d['margin_a'], d['margin_a_bound'])} | {_m(d['margin_b'], d['margin_b_bound'])} | "
-                     f"{d['kind']} | {_numeric(d)} | {_esc(d.get('prefix', ''))} |")
+                     f"{d['kind']} | {'n/a' if fd is None else f'{fd:.4f}'} | {d.get('vs_floor', 'n/a')} | "
+                     f"{d.get('m_differs_step') if d.get('m_differs_step') is not None else '-'} | "
+                     f"{_numeric(d)} | {_esc(d.get('prefix', ''))} |")
     if rep.get("errors"):
         L += ["", "## Errors", ""] + [f"- {e}" for e in rep["errors"]]
     return "\n".join(L) + "\n"

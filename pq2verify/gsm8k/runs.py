@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from .. import registry
+from .. import kernelsets, registry
 
 ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
 
@@ -29,9 +29,7 @@ def parse_spec(spec: str) -> dict:
         if "=" not in p:
             if i != 0:
                 raise ValueError(f"kernel spec {spec!r}: the set ({p!r}) must come first")
-            if p not in registry.KERNEL_SETS:
-                raise ValueError(f"kernel spec {spec!r}: unknown kernel set {p!r}; "
-                                 f"expected one of {', '.join(registry.KERNEL_SETS)}")
+            kernelsets.check_name(p, f"kernel spec {spec!r}: set ")
             kset = p
             continue
         name, val = (s.strip().lower() for s in p.split("=", 1))

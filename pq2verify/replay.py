@@ -1,0 +1,462 @@
+"""Real-activation replay: every captured PQ2 projection call of the GSM8K model
+(`golden capture --model`, golden/<key>/model) is run under kernel spec A and under B on the
+same inputs and compared with the FP64 references and with each other. It is the gate for a
+kernel change: model-level metrics (GSM8K answers, KL) cannot tell a sub-ulp scale fault from
+FP32 fold noise, this can (issue 14).
+
+Each side of each call must meet the check engine's bounds (pq2verify/checks.py, registry
+tolerances): relative RMS against the path's FP64 references, the per-element bound
+|y - Y| <= F + spacing(|Y| + F) / 2 (registry.FOLD_UNIT), integer group dots equal to the exact
+ones, and A's dots equal to B's where both write them. And its error must be unbiased (BIAS_WHY).
+
+Faults (`FAULTS`) are B-side variants that wrap the weight or the call's output, never the
+kernels; `fold_reversed` is the control: the same arithmetic in another valid FP32 order.
+"""
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import dispatch, golden, golden_model, registry
+from .weights import PQ2Weight
+
+BIAS_ALPHA = 1e-3
+BIAS_WHY = (
+    "With correct arithmetic an output's error in output ulps, u = (y - Y) / spacing(Y), is its "
+    "rounding residue (|u| <= 1/2, plus an FP32 fold error far below one ulp) and has no preferred "
+    "sign, so over a call's N outputs the means of z = u*sign(Y) (a scale error) and of u (an offset) "
+    "are ~normal about 0 and their t statistics ~N(0, 1). A scale error s(1+d) moves every z by "
+    "d*|Y|/spacing(Y) = 128d..256d ulp the same way: +1 fp16 ulp (d >= 2^-11) is 0.06..0.25 ulp, "
+    "inside the per-element bound for most outputs, yet >= 5 standard errors (sd 0.29) once N >= 200. "
+    "u is clipped to +-1 ulp: that never touches a correct output, and keeps the few outputs where a "
+    "fault's group terms cancel (|y - Y| >> spacing(Y), which the per-element bound catches) from "
+    "swamping the standard error. "
+    "Threshold: the two-sided normal quantile at a family-wise false-alarm probability of "
+    f"{BIAS_ALPHA:g}, Bonferroni over every bias test of the run (2 statistics x 2 sides x "
+    "(calls + kinds), a kind's test being Stouffer's sum of its calls' t over sqrt(calls)).")
+Q8_WHY = (
+    "The Q8 budget (registry.Q8_BUDGET) bounds the Q8 error of the generated inputs; on real "
+    "activations with outlier channels the exact Q8 arithmetic, the FP64 quantized reference Q, can "
+    "exceed it by itself (e_Q = relRMS(Q, dense D)), and no kernel does better than Q. A path within "
+    "tol_quantized of Q is within e_Q + tol_quantized * |Q| / |D| of D (triangle inequality): where "
+    "that is larger than the budget, it is the dense bound.")
+STALE_TILE_N = 8     # the H200 single/int_gemv kernels' BN: one program's output tile
+
+
+class ReplayError(ValueError):
+    """A capture or model that cannot be replayed (missing, or its weights differ)."""
+
+
+@dataclass
+class Call:
+    key: str
+    layer: str        # the PQ2 weight's name
+    kind: str         # the name without the model's layer index, e.g. 'mlp.down_proj'
+    position: int
+    x: torch.Tensor   # on the device
+
+
+_INDEX = re.compile(r"(?:^|\.)(\d+)\.(.+)$")
+
+
+def kind_of(layer: str) -> str:
+    m = _INDEX.search(layer)
+    return m.group(2) if m else layer
+
+
+def layer_index(layer: str) -> int | None:
+    m = _INDEX.search(layer)
+    return int(m.group(1)) if m else None
+
+
+def default_capture(key: str) -> Path:
+    """This backend's model capture if there is one, else the committed H200 one (the inputs
+    are activations: any backend's serve)."""
+    own = golden.default_dir(key) / "model"
+    return own if (own / golden.MANIFEST).exists() else golden.default_dir("sm90") / "model"
+
+
+def load(capture: Path, device, *, positions=None, layers=None, limit=None):
+    """(manifest, [Call], {name: PQ2Weight on device}) for the selected records. The weights are
+    re-derived by the model runner and must hash to the captured ones."""
+    try:
+        g = golden.load(capture)
+    except (golden.NoCapture, golden.GoldenIntegrityError) as e:
+        raise ReplayError(f"--capture {capture}: {e}") from None
+    man = g.manifest
+    if man.get("kind") != "model":
+        raise ReplayError(f"--capture {capture}: not a model capture (golden capture --model writes one)")
+    recs = man["records"]
+    have = sorted({r["position"] for r in recs})
+    if positions is not None:
+        bad = sorted(set(positions) - set(have))
+        if bad:
+            raise ReplayError(f"--positions {','.join(map(str, bad))}: not captured; the capture has {have}")
+        recs = [r for r in recs if r["position"] in positions]
+    if layers is not None:
+        recs = [r for r in recs if layers in r["layer"]]
+        if not recs:
+            names = sorted({r["layer"] for r in man["records"]})
+            raise ReplayError(f"--layers {layers!r}: matches no captured weight, e.g. {names[:2]}")
+    if limit is not None:
+        recs = recs[:limit]
+    conv = golden_model.runner().prepare(None, None, device)
+    by_name = {name: w for name, w in golden_model.pq2_weights(conv.model).values()}
+    weights = {}
+    for r in recs:
+        name = r["layer"]
+        if name in weights:
+            continue
+        w = by_name.get(name)
+        if w is None:
+            raise ReplayError(f"the model has no PQ2 weight {name} (capture of model {man.get('model_id')})")
+        if golden.tensor_sha256(w.data) != r["weight_sha256"]:
+            raise ReplayError(f"{name}: the model's weight differs from the one captured in {capture} (model "
+                              f"{man.get('model_id')} at {man.get('digits')} digits): capture again, "
+                              "`pq2verify golden capture --model`, or replay with --capture DIR --capture-first")
+        weights[name] = w
+    t = g.tensors("model.safetensors")
+    calls = [Call(r["key"], r["layer"], kind_of(r["layer"]), r["position"], t[r["key"] + "/x"].to(device))
+             for r in recs]
+    return man, calls, weights
+
+
+# --- FP64 references, once per weight for all of its calls (rows are independent) ----------
+class References:
+    def __init__(self, calls, weights):
+        self.weights, self._c = weights, {}
+        self.x = {c.key: c.x for c in calls}
+        self.rows = {}
+        for c in calls:
+            self.rows.setdefault(c.layer, []).append(c.key)
+
+    def _weight(self, name):
+        if name not in self._c:
+            from reference import pq2, projection, q8
+            w = self.weights[name].to("cpu")
+            keys = self.rows[name]
+            x = torch.cat([self.x[k].cpu() for k in keys])
+            dots = projection.group_dots(x, w)
+            xs = q8.quantize_q8(x).scales.astype(np.float64)
+            ws = np.abs(pq2.read(w)[1].astype(np.float64))
+            abs_q = np.einsum("mng,mg,ng->mn", np.abs(dots).astype(np.float64), xs, ws)
+            self._c[name] = dict(x=x, w=w, quantized=projection.quantized(x, w), dense=projection.floating(x, w),
+                                 dots=dots, abs_integer=abs_q)
+        return self._c[name]
+
+    def get(self, c: Call, what: str) -> np.ndarray:
+        """'quantized' | 'dense' | 'dots' | 'abs_integer' | 'abs_floating' rows of call c."""
+        d = self._weight(c.layer)
+        if what == "abs_floating" and what not in d:
+            from reference import pq2, projection
+            d[what] = projection.dense(d["x"].abs(), np.abs(pq2.decode(d["w"])))
+        start = sum(self.x[k].shape[0] for k in self.rows[c.layer][:self.rows[c.layer].index(c.key)])
+        return d[what][start:start + c.x.shape[0]]
+
+
+# --- faults: B-side variants of the weight or of the call's output --------------------------
+def _scales_changed(w: PQ2Weight, fn) -> PQ2Weight:
+    """A copy of w whose fp16 scale plane [N, G] is replaced by fn(scales)."""
+    p = w.to_prepared()
+    flat = p.data.clone()
+    cut = w.n * w.k // 4
+    s = flat[cut:].view(torch.float16).view(w.n, w.groups)
+    s.copy_(fn(s.clone()))
+    out = PQ2Weight(flat, w.n, w.k, "prepared")
+    return out if w.layout == "prepared" else out.to_raw()
+
+
+def _ulp_up(s):
+    # +1 in the bits is the next fp16 away from zero for either sign (scales are finite)
+    return (s.view(torch.int16) + 1).view(torch.float16)
+
+
+def _last_group_zero(s):
+    s[:, -1] = 0
+    return s
+
+
+def _refold_reversed(x, w, dots, dtype):
+    """sum over groups G-1..0 of (dot * xs) * ws in FP32 from 0.0, rounded once: the integer
+    paths' expression in another valid order, on the call's own dots."""
+    from .emulation import quantize_q8
+    _, xs = quantize_q8(x)
+    ws = w.scales_matrix().to(torch.float32)
+    acc = torch.zeros(dots.shape[:2], dtype=torch.float32, device=dots.device)
+    for g in reversed(range(w.groups)):
+        acc = acc + (dots[:, :, g].to(torch.float32) * xs[:, g:g + 1]) * ws[:, g]
+    return acc.to(dtype)
+
+
+# name -> (expected verdict, what it plants, default target)
+FAULTS = {
+    "fold_reversed": ("PASS", "B's own integer group dots folded in descending group order: the same "
+                      "arithmetic in another valid FP32 order (arithmetic noise, the control)", "all"),
+    "scale_ulp": ("FAIL", "every fp16 weight scale of the target +1 ulp", None),
+    "scale_1pct": ("FAIL", "every fp16 weight scale of the target x1.01", None),
+    "drop_group": ("FAIL", "the last K-group of every row of the target zeroed (a K loop one "
+                   "iteration short)", None),
+    "stale_tile": ("FAIL", f"one output tile ({STALE_TILE_N} columns from n=0) of the target's second "
+                   "replayed call taken from its previous call", None),
+}
+
+
+@dataclass
+class Fault:
+    name: str
+    targets: list          # weight names it touches
+    where: str             # the selector as given (or the default), for repro lines
+    _w: dict = field(default_factory=dict)
+    _seen: dict = field(default_factory=dict)
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}:{self.where}"
+
+    def reset(self) -> None:
+        """Forget the faulted weights and calls seen (one run's state)."""
+        self._w.clear()
+        self._seen.clear()
+
+    def weight(self, name: str, w: PQ2Weight) -> PQ2Weight:
+        fn = {"scale_ulp": _ulp_up, "scale_1pct": lambda s: (s.float() * 1.01).to(torch.float16),
+              "drop_group": _last_group_zero}.get(self.name)
+        if fn is None or name not in self.targets:
+            return w
+        if name not in self._w:
+            self._w[name] = _scales_changed(w, fn)
+        return self._w[name]
+
+    def output(self, c: Call, w, y, dots, prev):
+        if c.layer not in self.targets:
+            return y
+        if self.name == "fold_reversed":
+            if dots is None:
+                raise ReplayError(f"--fault fold_reversed: B's path for {c.key} writes no integer dots "
+                                  "(a floating path has no group fold to reorder)")
+            return _refold_reversed(c.x, w, dots.to(y.device), y.dtype)
+        if self.name == "stale_tile":
+            n = self._seen.get(c.layer, 0)
+            self._seen[c.layer] = n + 1
+            if n == 1:
+                y = y.clone()
+                y[:, :STALE_TILE_N] = prev[:, :STALE_TILE_N]
+        return y
+
+
+def check_fault_name(spec: str) -> str:
+    name = spec.partition(":")[0]
+    if name not in FAULTS:
+        raise ReplayError(f"--fault {spec!r}: unknown fault {name!r}; expected one of {', '.join(FAULTS)}")
+    return name
+
+
+def parse_fault(spec: str, calls: list) -> Fault:
+    """NAME[:WHERE], WHERE: 'all', a layer index (every projection of that layer) or a
+    substring of weight names; default: FAULTS' default, else the first replayed weight."""
+    name, where = check_fault_name(spec), spec.partition(":")[2]
+    names = list(dict.fromkeys(c.layer for c in calls))
+    where = where or FAULTS[name][2] or names[0]
+    if where == "all":
+        targets = list(names)
+    elif where.isdigit():
+        targets = [n for n in names if layer_index(n) == int(where)]
+    else:
+        targets = [n for n in names if where in n]
+    if not targets:
+        raise ReplayError(f"--fault {spec!r}: {where!r} matches no replayed weight, e.g. {names[:2]}")
+    if name == "stale_tile" and all(sum(c.layer == t for c in calls) < 2 for t in targets):
+        raise ReplayError(f"--fault {spec!r}: needs two replayed calls of a target (the tile comes from the "
+                          "previous call); replay more positions")
+    return Fault(name, targets, where)
+
+
+# --- running one side -----------------------------------------------------------------------
+@dataclass
+class Out:
+    path: str
+    y: torch.Tensor            # CPU
+    dots: torch.Tensor | None  # CPU int64 [M, N, G], None for a path without integer dots
+    dots_from: str = ""        # "kernel" | "emulation"
+    notes: list = field(default_factory=list)
+
+
+def _call(x, w, emulated_dots):
+    """The dispatched call, and its integer group dots from the same path's kernel (dots=; the
+    emulation has no kernel: its shared integer GEMM gives them, the same for every path, so
+    `emulated_dots()` computes them once per call)."""
+    with dispatch.trace() as t:
+        y = dispatch.pq2_matmul(x, w)
+    (path,) = t
+    p = registry.get(path)
+    dots, src, notes = None, "", []
+    if p.has_dots:
+        if dispatch.backend_key(x.device) == "emulate":
+            dots, src = emulated_dots(), "emulation"
+        else:
+            dots = torch.empty((x.shape[0], w.n, w.groups), dtype=torch.int32, device=x.device)
+            y2 = p.kernel()(x, w, dots=dots)
+            src = "kernel"
+            if not torch.equal(y2.view(torch.int16), y.view(torch.int16)):
+                notes.append(f"{path}: the output with dots= differs from the dispatched call's")
+    return y, path, dots, src, notes
+
+
+def _emulated_dots(c: Call, w: PQ2Weight, cache: dict):
+    def get():
+        if c.key not in cache:     # faults change scales, never codes: one set per call
+            from . import emulation
+            q, _ = emulation.quantize_q8(c.x)
+            cache[c.key] = emulation.group_dots(q, w).permute(1, 2, 0).to(torch.int32)
+        return cache[c.key]
+    return get
+
+
+def run_side(spec: dict, calls, weights, fault: Fault | None = None, log=None, cache=None) -> list[Out]:
+    """Every call under kernel spec `spec` (with B's variant `fault`). cache: a dict shared by
+    the runs of one replay (the emulation's dots)."""
+    from .gsm8k.runs import EnvSwitch, spec_env
+    outs, prev = [], {}
+    cache = {} if cache is None else cache
+    if fault is not None:
+        fault.reset()
+    with EnvSwitch(spec_env(spec)):
+        for i, c in enumerate(calls):
+            w = weights[c.layer] if fault is None else fault.weight(c.layer, weights[c.layer])
+            y, path, dots, src, notes = _call(c.x, w, _emulated_dots(c, weights[c.layer], cache))
+            if fault is not None:
+                y = fault.output(c, w, y, dots, prev.get(c.layer))
+            prev[c.layer] = y
+            outs.append(Out(path, y.cpu(), None if dots is None else dots.cpu().to(torch.int64), src, notes))
+            if log and (i + 1) % 60 == 0:
+                log(f"  {i + 1}/{len(calls)} calls")
+    if fault is not None:
+        fault.reset()      # its weights (and their emulation caches) are not kept past the run
+    return outs
+
+
+# --- metrics and verdicts -------------------------------------------------------------------
+def _t(v: np.ndarray) -> float:
+    if not np.isfinite(v).all():
+        return math.inf
+    if v.size < 2:
+        return 0.0
+    m, s = float(v.mean()), float(v.std(ddof=1))
+    if s == 0.0:
+        return 0.0 if m == 0.0 else math.copysign(math.inf, m)
+    return m / (s / math.sqrt(v.size))
+
+
+def bias(y64: np.ndarray, ref: np.ndarray, dtype) -> tuple[float, float]:
+    """(t of the mean scale error, t of the mean offset), errors in output ulps clipped to +-1
+    (BIAS_WHY)."""
+    from reference import metrics
+    if not np.isfinite(y64).all():
+        return math.inf, math.inf
+    with np.errstate(invalid="ignore", divide="ignore"):
+        u = np.clip((y64 - ref) / metrics.spacing(np.abs(ref), dtype), -1.0, 1.0)
+    nz = ref != 0
+    return _t((u[nz] * np.sign(ref[nz])).ravel()), _t(u.ravel())
+
+
+def _q8_allowance(r: dict, c: Call, refs: References, tol_q: float) -> float:
+    """An integer path's dense bound where the inputs alone break the Q8 budget (Q8_WHY)."""
+    from reference import metrics
+    q, d = refs.get(c, "quantized"), refs.get(c, "dense")
+    r["q8_error"] = e_q = metrics.relative_rms(q, d)
+    nd = float(np.linalg.norm(d))
+    return e_q + tol_q * float(np.linalg.norm(q)) / nd if nd else 0.0
+
+
+def side_metrics(c: Call, out: Out, refs: References) -> dict:
+    """The check engine's verdicts for one side of one call, plus the bias statistics."""
+    from reference import metrics
+    p = registry.get(out.path)
+    dt = out.y.dtype
+    y64 = out.y.double().numpy()
+    r = {"path": out.path, "failures": list(out.notes), "q8_error": None}
+    integer = p.arithmetic == "integer"
+    for which in ["dense"] + (["quantized"] if p.reference == "quantized" else []):
+        err, tol = metrics.relative_rms(y64, refs.get(c, which)), p.tolerance(dt, which)
+        if which == "dense" and integer:
+            tol = max(tol, _q8_allowance(r, c, refs, p.tolerance(dt, "quantized")))
+        r[f"rel_rms_{which}"], r[f"tol_{which}"] = err, tol
+        if not err <= tol:
+            r["failures"].append(f"{out.path}: relative RMS vs {which} FP64 {err:.3g} > tolerance {tol:.3g}")
+    ref = refs.get(c, p.reference)
+    f = p.fold_allowance(c.x.shape[1] // 128 if integer else c.x.shape[1],
+                         refs.get(c, "abs_integer" if integer else "abs_floating"))
+    bound = f + metrics.spacing(np.abs(ref) + f, dt) / 2   # checks._elementwise's bound
+    with np.errstate(invalid="ignore"):
+        ratio = np.where(np.isfinite(y64), np.abs(y64 - ref) / bound, np.inf)
+    r["elem_ratio"], r["elem_outside"] = float(ratio.max()), int((ratio > 1).sum())
+    r["max_ulp"] = metrics.max_ulp(out.y, torch.from_numpy(metrics.round_once(ref, dt)).to(dt))
+    if r["elem_outside"]:
+        i, j = (int(v) for v in np.argwhere(ratio > 1)[0])
+        r["failures"].append(f"{out.path}: per-element bound: {r['elem_outside']} of {ratio.size} outputs outside "
+                             f"(worst {r['elem_ratio']:.3g}x); first y[{i}, {j}] = {float(y64[i, j])!r} "
+                             f"vs FP64 {float(ref[i, j])!r}")
+    r["dots_exact"] = None
+    if out.dots is not None:
+        want = refs.get(c, "dots")
+        r["dots_exact"] = bool(np.array_equal(out.dots.numpy(), want))
+        if not r["dots_exact"]:
+            m_, n_, g_ = (int(v) for v in np.argwhere(out.dots.numpy() != want)[0])
+            r["failures"].append(f"{out.path}: integer group dots ({out.dots_from}) differ from the exact ones, "
+                                 f"first at m={m_}, n={n_}, group {g_}")
+    r["t_scale"], r["t_offset"] = bias(y64, ref, dt)
+    return r
+
+
+def pair_metrics(a: Out, b: Out, fault: Fault | None) -> dict:
+    from reference import metrics
+    r = {"rel_rms": metrics.relative_rms(b.y, a.y), "max_ulp": metrics.max_ulp(b.y, a.y),
+         "bit_equal": metrics.bitwise_equal(b.y, a.y), "dots_equal": None, "failures": []}
+    if a.dots is not None and b.dots is not None:
+        r["dots_equal"] = bool(torch.equal(a.dots, b.dots))
+        if not r["dots_equal"]:
+            r["failures"].append(f"A ({a.path}) and B ({b.path}) integer group dots differ")
+    pb = registry.get(b.path)
+    claimed = pb.bit_identical_to == a.path or (a.path == b.path and pb.deterministic)
+    if fault is None and claimed and not r["bit_equal"]:   # a variant of B is another function
+        r["failures"].append(f"B ({b.path}) bytes differ from A ({a.path}), which the registry claims equal: "
+                             + metrics.describe_difference(b.y, a.y))
+    return r
+
+
+def bias_threshold(n_tests: int) -> float:
+    return statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * max(n_tests, 1)))
+
+
+def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None) -> dict:
+    """Per call metrics and failures, per-kind pooled bias, the threshold used, and the verdict."""
+    kinds = sorted({c.kind for c in calls})
+    z = bias_threshold(2 * 2 * (len(calls) + len(kinds)))
+    rows = []
+    for c, a, b in zip(calls, outs_a, outs_b):
+        ra, rb = side_metrics(c, a, refs), side_metrics(c, b, refs)
+        ab = pair_metrics(a, b, fault)
+        fails = [f"A {s}" for s in ra["failures"]] + [f"B {s}" for s in rb["failures"]] + ab["failures"]
+        for side, r in (("A", ra), ("B", rb)):
+            for stat in ("t_scale", "t_offset"):
+                if not abs(r[stat]) <= z:
+                    fails.append(f"{side} {r['path']}: biased, {stat} = {r[stat]:.3g} standard errors (|t| > {z:.2f})")
+        rows.append({"key": c.key, "layer": c.layer, "kind": c.kind, "position": c.position, "m": c.x.shape[0],
+                     "n": int(a.y.shape[1]), "k": int(c.x.shape[1]), "a": ra, "b": rb, "ab": ab, "failures": fails})
+    pooled = {}
+    for kind in kinds:
+        mine = [r for r in rows if r["kind"] == kind]
+        d = {}
+        for side in ("a", "b"):
+            for stat in ("t_scale", "t_offset"):
+                d[f"{side}_{stat}"] = sum(r[side][stat] for r in mine) / math.sqrt(len(mine))
+        d["failures"] = [f"{side.upper()} {kind}: biased over {len(mine)} calls, pooled {stat} = "
+                         f"{d[f'{side}_{stat}']:.3g} (|Z| > {z:.2f})" for side in ("a", "b")
+                         for stat in ("t_scale", "t_offset") if not abs(d[f"{side}_{stat}"]) <= z]
+        pooled[kind] = d
+    ok = not any(r["failures"] for r in rows) and not any(d["failures"] for d in pooled.values())
+    return {"calls": rows, "kinds": pooled, "bias_threshold": z, "ok": ok}

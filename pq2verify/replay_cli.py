@@ -1,0 +1,319 @@
+"""pq2verify replay: every captured projection call of the GSM8K model, run under kernel spec A
+and B on the same real activations and compared with the FP64 references and with each other
+(pq2verify.replay). The gate for a kernel change.
+
+  pq2verify replay --a legacy --b tuned                        # exit 1 on FAIL, with repro lines
+  pq2verify replay --a legacy --b tuned --fault scale_ulp      # B with a planted fault: must FAIL
+  pq2verify replay --a legacy --b tuned --faults all --markdown results/cpu/replay-faults.md
+
+--faults runs B unchanged, the fold-order control and every planted fault against one A run and
+prints the separation table; it exits 0 only if each got its expected verdict.
+Exit status: 0 pass; 1 FAIL; 2 bad arguments, or a capture or model that cannot be replayed.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from .cli import UsageError, check_writable, positive_int
+
+SEPARATION = ("none", "fold_reversed", "scale_ulp", "scale_1pct", "scale_1pct:all", "drop_group", "stale_tile")
+
+
+def _positions(s: str) -> list[int]:
+    try:
+        v = [int(t) for t in s.split(",") if t.strip()]
+    except ValueError:
+        v = []
+    if not v or min(v) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {s!r}")
+    return v
+
+
+def register(sub) -> None:
+    from . import replay
+    p = sub.add_parser("replay", help="every captured model projection under two kernel specs, against FP64",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", default="legacy", help="kernel spec A: legacy|exact|tuned[,path=on|off...] (default legacy)")
+    p.add_argument("--b", default="tuned", help="kernel spec B (default tuned)")
+    p.add_argument("--capture", default=None, help="model capture directory (default: golden/<backend>/model, "
+                   "else golden/sm90/model)")
+    p.add_argument("--capture-first", action="store_true",
+                   help="first record the model's calls into --capture DIR (golden capture --model's recorder; "
+                        "on the CPU through --cpu-backend): for a model changed since the committed capture")
+    p.add_argument("--positions", type=_positions, default=None,
+                   help="decode positions to replay (default: all captured)")
+    p.add_argument("--layers", default=None, help="only weights whose name contains this text")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N calls of the selection")
+    one = p.add_mutually_exclusive_group()
+    one.add_argument("--fault", default=None, help="B-side variant NAME[:WHERE], WHERE all | a layer index | a name "
+                     "substring; NAME: " + "; ".join(f"{k}: {v[1]}" for k, v in replay.FAULTS.items()))
+    one.add_argument("--faults", default=None, help="'all' or a comma list of variants ('none' = B unchanged): "
+                     "the separation table")
+    p.add_argument("--json", default=None, help="write every call's metrics to this file")
+    p.add_argument("--markdown", default=None, help="write the report as Markdown to this file")
+    p.add_argument("--cpu-backend", default="emulate", choices=("emulate", "interpreter"),
+                   help="on the CPU: torch emulation of each path (default) or Triton's interpreter (slow)")
+    p.set_defaults(func=main)
+
+
+def _base(args, device) -> list:
+    cpu = ["--cpu-backend", args.cpu_backend] if device == "cpu" else []
+    return ["pq2verify", "--device", device, "replay"] + cpu + ["--a", args.a, "--b", args.b]
+
+
+def command(args) -> str:
+    """The command line that reproduces this run (from the parsed options, not sys.argv)."""
+    from . import backend
+    env = [f"{k}={os.environ[k]}" for k in ("PQ2_EMULATE_GEMM",) if os.environ.get(k)]
+    parts = env + _base(args, backend.device()) + (["--capture-first"] if args.capture_first else [])
+    for opt in ("capture", "layers", "limit", "fault", "faults", "json", "markdown"):
+        v = getattr(args, opt)
+        if v is not None:
+            parts += [f"--{opt}", str(v)]
+    if args.positions is not None:
+        parts += ["--positions", ",".join(map(str, args.positions))]
+    return shlex.join(parts)
+
+
+def main(args) -> int:
+    for opt in ("json", "markdown"):
+        if getattr(args, opt):
+            check_writable(getattr(args, opt), f"--{opt}", make_parents=True)
+    if args.capture_first:
+        if not args.capture:
+            raise UsageError("--capture-first: needs --capture DIR, where the capture is written")
+        check_writable(args.capture, "--capture", directory=True, make_parents=True)
+    from . import backend, replay
+    from .gsm8k.runs import parse_spec
+    specs = []
+    for opt in ("a", "b"):
+        try:
+            specs.append(parse_spec(getattr(args, opt)))
+        except ValueError as e:
+            raise UsageError(f"--{opt}: {e}") from None
+    spec_a, spec_b = specs
+    from .golden_model import ModelRunnerMissing
+    try:
+        for f in _fault_specs(args):     # before the model is loaded
+            if f != "none":
+                replay.check_fault_name(f)
+        with backend.using_cpu_backend(args.cpu_backend):
+            return _main(args, spec_a, spec_b)
+    except (replay.ReplayError, ModelRunnerMissing) as e:
+        raise UsageError(str(e)) from None
+
+
+def _fault_specs(args) -> list:
+    """The B variants asked for; 'none' is B unchanged."""
+    if args.faults is None:
+        return [] if args.fault is None else [args.fault]
+    specs = SEPARATION if args.faults == "all" else [s.strip() for s in args.faults.split(",") if s.strip()]
+    return list(specs)
+
+
+def _variants(args, calls):
+    from . import replay
+    specs = _fault_specs(args) or ["none"]
+    return [None if s == "none" else replay.parse_fault(s, calls) for s in specs]
+
+
+def _main(args, spec_a, spec_b) -> int:
+    from . import backend, dispatch, provenance, replay
+    device = backend.device()
+    import torch
+    key = dispatch.backend_key(torch.device(device))
+    capture = Path(args.capture) if args.capture else replay.default_capture(backend.golden_key())
+    t0 = time.perf_counter()
+    log = lambda s: print(s, file=sys.stderr)   # noqa: E731
+    if args.capture_first:
+        from . import golden_model
+        golden_model.capture_model(capture, device, positions=args.positions or golden_model.POSITIONS, log=log)
+    man, calls, weights = replay.load(capture, device, positions=args.positions, layers=args.layers, limit=args.limit)
+    names = list(weights)
+    variants = _variants(args, calls)
+    # a CPU capture is labelled 'interpreter' whichever CPU backend recorded it
+    on = man.get("backend") if not (args.capture_first and device == "cpu") else \
+        f"the CPU through the {args.cpu_backend} backend, by --capture-first"
+    log(f"replay: {len(calls)} calls of {len(names)} PQ2 weights from {capture} (model {man.get('model_id')}, "
+        f"captured on {on}); backend {key} [{time.perf_counter() - t0:.1f}s]")
+    refs, cache = replay.References(calls, weights), {}
+    outs_a = replay.run_side(spec_a, calls, weights, log=log, cache=cache)
+    runs, plain_b = [], None
+    for v in variants:
+        t1 = time.perf_counter()
+        outs_b = replay.run_side(spec_b, calls, weights, v, log=log, cache=cache)
+        plain_b = outs_b if v is None else plain_b
+        res = replay.evaluate(calls, refs, outs_a, outs_b, v)
+        # how many calls the variant changed at all (a control that changes nothing proves nothing)
+        res["changed_vs_b"] = None if plain_b is None else sum(
+            not torch.equal(o.y.view(torch.int16), b.y.view(torch.int16)) for o, b in zip(outs_b, plain_b))
+        res["fault"] = None if v is None else v.spec
+        res["expected"] = "PASS" if v is None else replay.FAULTS[v.name][0]
+        res["seconds"] = time.perf_counter() - t1
+        runs.append(res)
+        log(f"B{'' if v is None else ' with ' + v.spec}: {'PASS' if res['ok'] else 'FAIL'} [{res['seconds']:.1f}s]")
+    ctx = dict(command=command(args), capture=str(capture), model=man.get("model_id"), digits=man.get("digits"),
+               captured_on=on, backend=key, a=args.a, b=args.b, calls=len(calls),
+               weights=len(names), seconds=round(time.perf_counter() - t0, 1))
+    text = report(ctx, runs, args, device)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**ctx, "provenance": provenance.collect(), "runs": runs}, indent=1,
+                                              default=float) + "\n")
+    if args.faults is not None:
+        return 0 if all((r["ok"] and r["expected"] == "PASS") or (not r["ok"] and r["expected"] == "FAIL")
+                        for r in runs) else 1
+    return 0 if runs[0]["ok"] else 1
+
+
+# --- report ---------------------------------------------------------------------------------
+def _g(v, fmt=".2e"):
+    return "-" if v is None else format(v, fmt)
+
+
+def _own(side: dict) -> float:
+    """Relative RMS against the path's own reference (quantized for integer paths)."""
+    return side.get("rel_rms_quantized", side["rel_rms_dense"])
+
+
+def kind_table(res: dict) -> list[str]:
+    groups = {}
+    for r in res["calls"]:
+        groups.setdefault((r["kind"], r["position"]), []).append(r)
+    out = ["| kind | pos | calls | path A / B | relRMS A | relRMS B | relRMS A-B | max ulp A / B / A-B "
+           "| elem bound A / B | dots A=B=exact | bias max abs t A / B | verdict |", "|" + "---|" * 12]
+    for (kind, pos), rs in sorted(groups.items()):
+        def mx(f):
+            return max(f(r) for r in rs)
+        paths = "/".join(sorted({r["a"]["path"] for r in rs})) + " / " + "/".join(sorted({r["b"]["path"] for r in rs}))
+        with_dots = [r for r in rs if r["ab"]["dots_equal"] is not None]
+        dots_ok = sum(r["ab"]["dots_equal"] and r["a"]["dots_exact"] and r["b"]["dots_exact"] for r in with_dots)
+        dots = f"{dots_ok}/{len(with_dots)}" if with_dots else "-"
+        bad = sum(bool(r["failures"]) for r in rs)
+        ta = mx(lambda r: max(abs(r["a"]["t_scale"]), abs(r["a"]["t_offset"])))
+        tb = mx(lambda r: max(abs(r["b"]["t_scale"]), abs(r["b"]["t_offset"])))
+        out.append(f"| {kind} | {pos} | {len(rs)} | {paths} | {_g(mx(lambda r: _own(r['a'])))} "
+                   f"| {_g(mx(lambda r: _own(r['b'])))} | {_g(mx(lambda r: r['ab']['rel_rms']))} "
+                   f"| {mx(lambda r: r['a']['max_ulp'])} / {mx(lambda r: r['b']['max_ulp'])} / "
+                   f"{mx(lambda r: r['ab']['max_ulp'])} | {_g(mx(lambda r: r['a']['elem_ratio']), '.3f')} / "
+                   f"{_g(mx(lambda r: r['b']['elem_ratio']), '.3f')} | {dots} | {ta:.2f} / {tb:.2f} "
+                   f"| {'PASS' if not bad else f'**FAIL** ({bad} calls)'} |")
+    return out
+
+
+def pooled_table(res: dict) -> list[str]:
+    out = ["| kind | pooled t scale A / B | pooled t offset A / B | verdict |", "|---|---|---|---|"]
+    for kind, d in sorted(res["kinds"].items()):
+        out.append(f"| {kind} | {d['a_t_scale']:.2f} / {d['b_t_scale']:.2f} | {d['a_t_offset']:.2f} / "
+                   f"{d['b_t_offset']:.2f} | {'PASS' if not d['failures'] else '**FAIL**'} |")
+    return out
+
+
+def repro_lines(res: dict, args, device) -> list[str]:
+    """One line per failing projection: its first failure and the command that replays it."""
+    base = _base(args, device) + (["--capture", args.capture] if args.capture else [])
+    out, seen = [], set()
+    for r in res["calls"]:
+        if not r["failures"] or r["layer"] in seen:
+            continue
+        seen.add(r["layer"])
+        cmd = base + ["--layers", r["layer"], "--positions", str(r["position"])]
+        if res["fault"]:
+            cmd += ["--fault", res["fault"]]
+        out.append(f"- {r['key']}: {r['failures'][0]}\n  reproduce: `{shlex.join(cmd)}`")
+    for kind, d in sorted(res["kinds"].items()):
+        for f in d["failures"]:
+            cmd = base + ["--layers", kind] + (["--fault", res["fault"]] if res["fault"] else [])
+            out.append(f"- {f}\n  reproduce: `{shlex.join(cmd)}`")
+    return out
+
+
+def _checks_failed(res: dict) -> str:
+    words = {"relative RMS": "rms", "per-element": "elem", "dots": "dots", "biased": "bias", "claims": "claim",
+             "dots=": "dots="}
+    hit = {}
+    fails = [f for r in res["calls"] for f in r["failures"]] + [f for d in res["kinds"].values() for f in d["failures"]]
+    for f in fails:
+        for w, short in words.items():
+            if w in f:
+                hit[short] = hit.get(short, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in hit.items()) or "-"
+
+
+def q8_note(res: dict) -> list[str]:
+    """Calls whose inputs alone break the Q8 budget (see replay._q8_allowance)."""
+    from . import registry, replay
+    over = [(r["a"]["q8_error"], r["key"]) for r in res["calls"] if (r["a"]["q8_error"] or 0) > registry.Q8_BUDGET]
+    if not over:
+        return ["- the exact Q8 arithmetic (FP64 quantized reference) is within the Q8 budget "
+                f"{registry.Q8_BUDGET} of dense on every call"]
+    worst = max(over)
+    return [f"- the exact Q8 arithmetic itself is beyond the Q8 budget {registry.Q8_BUDGET} of dense on {len(over)} "
+            f"call(s) (worst {worst[0]:.4f}, {worst[1]}): there an integer path's dense bound is derived from it. "
+            + replay.Q8_WHY]
+
+
+def separation_table(runs: list) -> list[str]:
+    from . import replay
+    out = ["| B variant | what it plants | expected | replay verdict | as expected | failed checks (count) "
+           "| calls B != A | calls changed vs B unchanged | max relRMS B | max elem bound B | max abs bias t B |",
+           "|" + "---|" * 11]
+    for r in runs:
+        what = "B unchanged" if r["fault"] is None else replay.FAULTS[r["fault"].split(":")[0]][1]
+        got = "PASS" if r["ok"] else "FAIL"
+        tb = max(max(abs(c["b"]["t_scale"]), abs(c["b"]["t_offset"])) for c in r["calls"])
+        out.append(f"| {r['fault'] or 'none'} | {what} | {r['expected']} | {got} | "
+                   f"{'yes' if got == r['expected'] else '**NO**'} | {_checks_failed(r)} "
+                   f"| {sum(not c['ab']['bit_equal'] for c in r['calls'])}/{len(r['calls'])} "
+                   f"| {'-' if r['changed_vs_b'] is None else r['changed_vs_b']} "
+                   f"| {_g(max(_own(c['b']) for c in r['calls']))} "
+                   f"| {_g(max(c['b']['elem_ratio'] for c in r['calls']), '.3f')} "
+                   f"| {tb:.2f} |")
+    return out
+
+
+def report(ctx: dict, runs: list, args, device) -> str:
+    from . import registry, replay
+    first = runs[0]
+    lines = ["# pq2verify replay: real-activation projection calls, A vs B", "",
+             f"Command: `{ctx['command']}`", "",
+             f"- capture: {ctx['capture']} (model {ctx['model']}, {ctx['digits']} digits, "
+             f"captured on {ctx['captured_on']})",
+             f"- backend: {ctx['backend']}; A = {ctx['a']}, B = {ctx['b']}; {ctx['calls']} calls of {ctx['weights']} "
+             f"PQ2 weights; {ctx['seconds']} s", "",
+             "## Bounds (each side of each call; any miss fails)", "",
+             "- relative RMS vs the path's FP64 references within `registry.Path.tolerance` (quantized: output "
+             "rounding + FP32 fold; dense, integer paths: the Q8 budget)",
+             f"- per element: |y - Y| <= F + spacing(|Y| + F)/2. Integer paths: {registry.FOLD_REASON['integer']}. "
+             f"Floating: {registry.FOLD_REASON['floating']}",
+             "- integer group dots equal to the exact ones, and A's equal to B's where both paths write them "
+             "(on the emulation backend the dots are the emulation's shared integer GEMM, not a kernel's)",
+             "- B's bytes equal to A's where the registry claims bit identity (or A and B run the same path)",
+             f"- no bias: |t| <= {first['bias_threshold']:.2f} per call and pooled per kind. {replay.BIAS_WHY}", ""]
+    lines += q8_note(first) + [""]
+    if len(runs) > 1:
+        lines += ["## Separation: B variants against the same A run", ""] + separation_table(runs) + [""]
+        ok = all((r["ok"]) == (r["expected"] == "PASS") for r in runs)
+        lines += [f"**Separation {'holds' if ok else 'FAILS'}: every variant {'got' if ok else 'did not get'} "
+                  "its expected verdict.**", ""]
+    for r in runs:
+        title = "B unchanged" if r["fault"] is None else f"B with {r['fault']}"
+        lines += [f"## {title}: {'PASS' if r['ok'] else 'FAIL'}", ""]
+        if r["fault"] is None or len(runs) == 1:     # a planted fault's table is the separation row
+            lines += kind_table(r) + [""] + pooled_table(r) + [""]
+        rep = repro_lines(r, args, device)
+        keep = 12 if len(runs) == 1 else 4
+        if rep:
+            more = [f"- ... {len(rep) - keep} more"] if len(rep) > keep else []
+            lines += ["Failing projections:", ""] + rep[:keep] + more + [""]
+    verdict = first["ok"] if len(runs) == 1 else all((r["ok"]) == (r["expected"] == "PASS") for r in runs)
+    lines.append(f"**Overall: {'PASS' if verdict else 'FAIL'}**")
+    return "\n".join(lines)

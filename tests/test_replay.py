@@ -1,0 +1,191 @@
+"""`pq2verify replay` on a tiny stand-in model captured here (golden capture --model's own code,
+no downloads): legacy vs tuned passes, the fold-order control passes, every planted fault fails
+with a repro line that fails again, and bad input is a usage error. The committed capture of the
+real model is replayed by `pq2verify replay` itself (results/cpu/replay-faults.md)."""
+import json
+import os
+import shlex
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from pq2verify import backend, cli, emulation, golden_model, replay
+
+pytestmark = pytest.mark.replay
+
+H, VOCAB, LAYERS = 2048, 16, 2     # G = 16 groups: a reversed fold is a real reorder
+
+
+def _runner(device, bump=False):
+    """Two layers of two PQ2 projections each, meeting golden_model.CONTRACT; activations carry
+    a few outlier channels as real ones do."""
+    from pq2verify import dispatch, inputs
+
+    class Proj(torch.nn.Module):
+        def __init__(self, seed):
+            super().__init__()
+            self.stack = types.SimpleNamespace(w=inputs.ternary_weight(H, H, seed, "cpu").to(device))
+
+        def forward(self, x):
+            return dispatch.pq2_matmul(x, self.stack.w)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, i):
+            super().__init__()
+            self.attn, self.mlp = Proj(10 * i + 1), Proj(10 * i + 2)
+
+        def forward(self, h):
+            h = h + self.attn(h)
+            return h + self.mlp(h)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(7)
+            emb = torch.randn(VOCAB, H, generator=g)
+            emb[:, :4] *= 20
+            self.emb = emb.bfloat16().to(device)
+            self.layers = torch.nn.ModuleList(Layer(i) for i in range(LAYERS))
+
+        def forward(self, input_ids, past_key_values=None, use_cache=True):
+            h = self.emb[input_ids[0]]
+            for layer in self.layers:
+                h = layer(h)
+                h = (h.float() / h.float().pow(2).mean(-1, keepdim=True).sqrt()).bfloat16()
+            return types.SimpleNamespace(logits=h.float()[None, :, :VOCAB], past_key_values=past_key_values)
+
+    class Tok:
+        def __call__(self, text, return_tensors="pt"):
+            return types.SimpleNamespace(input_ids=torch.tensor([[3, 1, 4]]))
+
+    def prepare(path, digits, dev):
+        m = Model()
+        if bump:
+            m.layers[1].mlp.stack.w.data[0] ^= 1     # another model than the captured one
+        return types.SimpleNamespace(model=m, tokenizer=Tok())
+
+    mod = types.ModuleType(golden_model.RUNNER)
+    mod.prepare = prepare
+    return mod
+
+
+def _isolate(mp, device):
+    """This module's model runner; no kernel switches from the shell; the emulation's FP32
+    GEMM (bit-identical to its oneDNN one, which its self-test proves, and far faster at M=1)."""
+    mp.setitem(sys.modules, golden_model.RUNNER, _runner(device))
+    for k in [k for k in os.environ if k == "PQ2_KERNELS" or k.startswith("PQ2_PATH_")]:
+        mp.delenv(k)
+    mp.setattr(emulation, "_GEMM", "fp32")
+
+
+@pytest.fixture(scope="module")
+def _captured(tmp_path_factory, device):
+    d = tmp_path_factory.mktemp("replay") / "model"
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, device)
+        with backend.using_cpu_backend("emulate"):     # the capture is input data: fast
+            golden_model.capture_model(d, device, positions=(1, 2, 3), log=lambda s: None)
+    return d
+
+
+@pytest.fixture
+def capture(_captured, monkeypatch, device):
+    _isolate(monkeypatch, device)
+    return _captured
+
+
+def _replay(device, d, *extra):
+    return cli.main(["--device", device, "replay", "--capture", str(d), *extra])
+
+
+def test_legacy_vs_tuned_passes(capture, tmp_path, device, capsys):
+    j = tmp_path / "r.json"
+    assert _replay(device, capture, "--json", str(j)) == 0, capsys.readouterr().out
+    run = json.loads(j.read_text())["runs"][0]
+    assert len(run["calls"]) == LAYERS * 2 * 3 and run["ok"]
+    assert {c["a"]["path"] for c in run["calls"]} == {"int_gemv"}
+    assert {c["b"]["path"] for c in run["calls"]} == {"single"}
+    assert all(c["ab"]["dots_equal"] and c["a"]["dots_exact"] and c["b"]["dots_exact"] for c in run["calls"])
+    out = capsys.readouterr().out
+    assert "| attn | 1 | 2 | int_gemv / single |" in out and "**Overall: PASS**" in out
+
+
+def test_faults_fail_and_fold_order_passes(capture, tmp_path, device, capsys):
+    """The separation: each real fault FAILS, the reversed fold (which really changes bytes)
+    PASSES; exit 0 says every variant got its expected verdict."""
+    j, md = tmp_path / "f.json", tmp_path / "f.md"
+    assert _replay(device, capture, "--faults", "all", "--json", str(j), "--markdown", str(md)) == 0
+    runs = {r["fault"] or "none": r for r in json.loads(j.read_text())["runs"]}
+    assert {k: r["ok"] for k, r in runs.items()} == {
+        "none": True, "fold_reversed:all": True, "scale_ulp:layers.0.attn": False,
+        "scale_1pct:layers.0.attn": False, "scale_1pct:all": False, "drop_group:layers.0.attn": False,
+        "stale_tile:layers.0.attn": False}
+    assert runs["fold_reversed:all"]["changed_vs_b"] > 0        # the control is not vacuous
+    # the +1 ulp scale fault is seen by the bias statistic, not only by the per-element bound
+    fails = [f for c in runs["scale_ulp:layers.0.attn"]["calls"] for f in c["failures"]]
+    assert any("biased, t_scale" in f for f in fails), fails
+    text = md.read_text()
+    assert "Separation holds" in text and "Command: `pq2verify --device" in text and "--faults all" in text
+
+
+def test_a_fault_fails_with_a_repro_that_fails_again(capture, device, capsys):
+    assert _replay(device, capture, "--fault", "drop_group:1") == 1
+    out = capsys.readouterr().out
+    lines = [ln.split("reproduce: `")[1].rstrip("`") for ln in out.splitlines() if "reproduce: `" in ln]
+    assert lines and all("--fault drop_group:1" in ln for ln in lines), out
+    assert "layers.1.attn" in out and "layers.0.attn" not in out.split("Failing projections")[1]
+    argv = shlex.split(lines[0])[1:]
+    assert cli.main(argv) == 1
+
+
+def test_interpreter_runs_the_kernels_with_their_dots(capture, tmp_path, device, capsys):
+    if device != "cpu":
+        pytest.skip("the interpreter is the CPU backend")
+    j = tmp_path / "i.json"
+    assert _replay(device, capture, "--cpu-backend", "interpreter", "--limit", "2", "--json", str(j)) == 0
+    run = json.loads(j.read_text())["runs"][0]
+    assert len(run["calls"]) == 2 and all(c["ab"]["dots_equal"] for c in run["calls"])
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--fault", "nosuch"], "unknown fault 'nosuch'"),
+    (["--fault", "scale_ulp:layers.9."], "matches no replayed weight"),
+    (["--positions", "7"], "--positions 7: not captured"),
+    (["--layers", "nothing"], "matches no captured weight"),
+    (["--b", "fast"], "--b: kernel spec 'fast'"),
+    (["--fault", "stale_tile", "--positions", "2"], "needs two replayed calls of a target"),
+    (["--faults", "none,scale_ulp,typo"], "unknown fault 'typo'"),
+])
+def test_bad_input_is_a_usage_error(capture, device, capsys, extra, msg):
+    assert _replay(device, capture, *extra) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_missing_capture_and_another_model_are_usage_errors(capture, tmp_path, device, capsys, monkeypatch):
+    assert _replay(device, tmp_path / "none") == 2
+    assert "no golden capture" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, golden_model.RUNNER, _runner(device, bump=True))
+    assert _replay(device, capture) == 2
+    assert "differs from the one captured" in capsys.readouterr().err
+
+
+def test_capture_first_records_the_model_it_replays(capture, tmp_path, device, capsys):
+    assert cli.main(["--device", device, "replay", "--capture-first"]) == 2
+    assert "--capture-first: needs --capture DIR" in capsys.readouterr().err
+    d = tmp_path / "fresh"
+    assert _replay(device, d, "--capture-first", "--positions", "1") == 0
+    assert "recorded 4 projection calls" in capsys.readouterr().err
+
+
+def test_bias_statistic_sees_a_sub_ulp_scale_error():
+    """Correctly rounded outputs: |t| small; every output scaled by one fp16 ulp (2^-10, under
+    half a bf16 ulp): |t| far beyond the run's threshold."""
+    ref = np.random.default_rng(0).standard_normal(4096)
+    good = torch.from_numpy(ref).to(torch.bfloat16).double().numpy()
+    bad = torch.from_numpy(ref * (1 + 2 ** -10)).to(torch.bfloat16).double().numpy()
+    z = replay.bias_threshold(1000)
+    assert max(map(abs, replay.bias(good, ref, torch.bfloat16))) < 3 < z
+    assert replay.bias(bad, ref, torch.bfloat16)[0] > 2 * z
