@@ -73,6 +73,11 @@ def config(m, n, k):
     return bm, bn, gb, warps, 1
 
 
+def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0."""
+    return dict(groups_per_split=k // 128, lanes=1, splits=1)
+
+
 def run(x, w, *, out=None, dots=None, check=True):
     if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
         validate.kernel_args("int_gemv", x, w, out, dots)

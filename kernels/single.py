@@ -141,7 +141,7 @@ def _config(n: int, k: int, interpret: bool):
     return bn, gc, per, split, prefetch, 4, 3
 
 
-def fold(n: int, k: int, interpret: bool | None = None) -> dict:
+def fold(n: int, k: int, m: int = 1, interpret: bool | None = None) -> dict:
     """The FP32 order a config gives (for emulation): split s covers groups
     [s*per, min((s+1)*per, G)); in it lane c folds groups s*per + c, + c + lanes, ... ascending;
     lanes are summed pairwise ((l0+l1)+(l2+l3))+...; splits are summed ((p0+p1)+p2)+..."""

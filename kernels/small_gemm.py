@@ -52,13 +52,18 @@ def _small_gemm_kernel(x_ptr, x_sm, x_sk, w_ptr, w_sn, w_sk, out_ptr, out_sm, ou
         tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=mask)
 
 
-@functools.lru_cache(maxsize=None)
-def config(n: int, k: int):
+def config(n: int, k: int, interpret: bool | None = None):
     """(BN, BK, K per split, SPLIT, num_warps, num_stages) from shapes only. The layer is tiny
-    (1 MB at 96 x 5120): a few dozen programs split its K, partials summed in fixed order."""
+    (1 MB at 96 x 5120): a few dozen programs split its K, partials summed in fixed order.
+    interpret: the interpreter's config or the GPU's (default: this process's)."""
+    return _config(n, k, common.INTERPRET if interpret is None else bool(interpret))
+
+
+@functools.lru_cache(maxsize=None)
+def _config(n: int, k: int, interpret: bool):
     bk = 128 if k >= 128 else 32
     steps = triton.cdiv(k, bk)
-    if common.INTERPRET:
+    if interpret:
         # the interpreter pays per program: wide tiles, two splits to exercise the reduction
         bn, want = max(16, min(triton.next_power_of_2(n), 128)), 2
     else:
@@ -74,10 +79,10 @@ def config(n: int, k: int):
     return bn, bk, per_steps * bk, split, 4, 3
 
 
-def fold(n: int, k: int) -> dict:
+def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
     """Split s covers K columns [s*kps, (s+1)*kps) (inside it the MMA's own fp32 order);
     splits are summed ((p0+p1)+p2)+... in fp32, then rounded once to x's dtype."""
-    bn, bk, kps, split, warps, stages = config(n, k)
+    bn, bk, kps, split, warps, stages = config(n, k, interpret)
     return dict(k_per_split=kps, splits=split)
 
 

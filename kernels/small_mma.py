@@ -136,11 +136,11 @@ def m_bucket(m: int) -> int:
     return 16 if m > 8 else 8
 
 
-def fold(m: int, n: int, k: int, interpret: bool | None = None) -> dict:
+def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
     """The FP32 order a config gives (for emulation): split s folds groups
     [s*per, min((s+1)*per, G)) ascending from 0.0; splits are summed ((p0+p1)+p2)+..."""
     bn, per, split, swap, unroll, warps, stages = config(m_bucket(m), n, k, interpret)
-    return dict(groups_per_split=per, splits=split)
+    return dict(groups_per_split=per, lanes=1, splits=split)
 
 
 def run(x, w, *, out=None, dots=None, check=True):

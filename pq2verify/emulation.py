@@ -24,26 +24,13 @@ from .weights import BLOCK, PQ2Weight
 # fp32(1/127): the reciprocal multiply of SPEC §3.
 RCP127 = torch.tensor(0.007874015718698502, dtype=torch.float32)
 
-# Fold order over the K groups, per path. int_gemv, mmq and mmq_planes fold every group in
-# ascending order from 0.0 (mmq_planes keeps mmq's order, hence bit-identical). single and
-# small_mma take their order from the kernels' own `fold()` (kernels/single.py,
-# kernels/small_mma.py) for the GPU's config, whatever this process's interpreter mode:
-#   single:    split-K over contiguous group ranges; in a split, lane c of GC lanes folds groups
-#              c, c+GC, ... ascending; lanes summed by a pairwise tree ((l0+l1)+(l2+l3))+...;
-#              splits summed ((p0+p1)+p2)+...
-#   small_mma: split-K over contiguous group ranges, each folded ascending; splits summed in order.
-# If the kernels cannot be imported, these stand-ins are used instead:
-FOLD = {
-    "int_gemv": ("ascending", 1),
-    "mmq": ("ascending", 1),
-    "mmq_planes": ("ascending", 1),
-    "single": ("lanes", 2),
-    "small_mma": ("splitk", 2),
-}
-# The kernels themselves do not contract acc + dot*xs*ws into an FMA in the interpreter, but a
-# GPU compiler may: the emulation never does, so GPU bits may differ in the last place there.
-# small_gemm's split-K over the dense K (two halves, FP32 partials added in order).
-SMALL_GEMM_SPLITS = 2
+# Each path's FP32 order comes from its kernel file's `fold(n, k, m, interpret)` through
+# registry.Path.fold (the GPU's config by default, whatever this process's interpreter mode):
+# splits over contiguous group ranges, in a split lane c of L lanes folds groups c, c+L, ...
+# ascending from 0.0, lanes summed by a pairwise tree ((l0+l1)+(l2+l3))+..., splits summed
+# ((p0+p1)+p2)+.... No path is named here: a new path with a fold needs no edit.
+# The kernels do not contract acc + dot*xs*ws into an FMA in the interpreter, but a GPU compiler
+# may: the emulation never does, so GPU bits may differ in the last place there.
 
 _GEMM = None   # "onednn" | "fp32", decided once by a self-test
 
@@ -187,41 +174,15 @@ def group_dots(q: torch.Tensor, w: PQ2Weight) -> torch.Tensor:
     return torch.stack([f(g) for g in range(w.groups)])
 
 
-def fold_plan(order: str, parts: int, groups: int) -> list[list[int]]:
-    """Stand-in orders: the groups each partial folds, in order; partials added in order."""
-    if order == "ascending" or groups == 1:
-        return [list(range(groups))]
-    if order == "lanes":
-        return [list(range(lane, groups, parts)) for lane in range(min(parts, groups))]
-    if order == "splitk":
-        step = -(-groups // parts)
-        return [list(range(s, min(s + step, groups))) for s in range(0, groups, step)]
-    raise ValueError(f"unknown fold order {order!r}")
-
-
-def kernel_plan(path_name: str, m: int, w: PQ2Weight) -> list[list[list[int]]]:
-    """The path's FP32 order as splits -> lanes -> groups: each lane folds its groups
-    ascending from 0.0, a split's lanes are summed by a pairwise tree, splits in order."""
+def kernel_plan(path_name: str, m: int, w: PQ2Weight, *, interpret: bool = False) -> list[list[list[int]]]:
+    """The path's FP32 order as splits -> lanes -> groups (registry.Path.fold)."""
     G = w.groups
-    try:
-        if path_name == "single":
-            from kernels import single
-            f = single.fold(w.n, w.k, interpret=False)
-        elif path_name == "small_mma":
-            from kernels import small_mma
-            f = small_mma.fold(m, w.n, w.k, interpret=False)
-        else:
-            f = None
-    except ImportError:
-        f = None
-    if f is None:
-        if path_name in ("single", "small_mma") and not FOLD[path_name][0] == "ascending":
-            return [[idx] for idx in fold_plan(*FOLD[path_name], G)]
-        return [[list(range(G))]]
+    f = registry.get(path_name).fold(w.n, w.k, m, interpret=interpret)
     per, lanes = f["groups_per_split"], f.get("lanes", 1)
     plan = []
     for s0 in range(0, G, per):
         end = min(s0 + per, G)
+        # every lane, empty ones too: the kernel's tree adds their +0.0 (it matters for -0.0)
         plan.append([list(range(s0 + c, end, lanes)) for c in range(lanes)])
     return plan
 
@@ -231,17 +192,14 @@ def kernel_plan(path_name: str, m: int, w: PQ2Weight) -> list[list[list[int]]]:
 ROW_CHUNK = 64
 
 
-def _integer_rows(q, xs, w, ws, plan) -> torch.Tensor:
-    dot = _dot_fn(q, w)
-
+def _fold(term, plan, rows: int, n: int) -> torch.Tensor:
+    """sum of term(g) over the plan's splits -> lanes -> groups in FP32, as the kernels add."""
     def lane(idx):
         acc = None
         for g in idx:
-            # The kernels' expression acc + dot * xs * ws: (dot * xs) * ws, then the add, each
-            # rounded to FP32, from a +0.0 accumulator.
-            t = dot(g).mul_(xs[g]).mul_(ws[g])
-            acc = t.add_(0.0) if acc is None else acc.add_(t)
-        return acc if acc is not None else torch.zeros(q.shape[0], w.n)
+            t = term(g)
+            acc = t.add_(0.0) if acc is None else acc.add_(t)     # from a +0.0 accumulator
+        return acc if acc is not None else torch.zeros(rows, n)
 
     splits = []
     for lanes in plan:
@@ -255,14 +213,22 @@ def _integer_rows(q, xs, w, ws, plan) -> torch.Tensor:
     return y
 
 
-def integer(path_name: str, x: torch.Tensor, w: PQ2Weight, *, out_dtype=None) -> torch.Tensor:
+def _integer_rows(q, xs, w, ws, plan) -> torch.Tensor:
+    dot = _dot_fn(q, w)
+    # The kernels' expression acc + dot * xs * ws: (dot * xs) * ws, then the add, each rounded
+    # to FP32.
+    return _fold(lambda g: dot(g).mul_(xs[g]).mul_(ws[g]), plan, q.shape[0], w.n)
+
+
+def integer(path_name: str, x: torch.Tensor, w: PQ2Weight, *, out_dtype=None,
+            interpret: bool = False) -> torch.Tensor:
     """The integer paths: y = sum_g dot_g * xs * ws in FP32 in the path's fold order.
     Rows are independent (per-row Q8, per-row sums), so blocks of rows change no bit."""
     q, xs = quantize_q8(x)
     xs = xs.t().contiguous().unsqueeze(2)                   # [G, M, 1]
     ws = _scales_t(w)                                       # [G, N]
     m = x.shape[0]
-    plan = kernel_plan(path_name, m, w)
+    plan = kernel_plan(path_name, m, w, interpret=interpret)
     dtype = out_dtype or x.dtype
     if m <= ROW_CHUNK:
         return _integer_rows(q, xs, w, ws, plan).to(dtype)
@@ -272,9 +238,9 @@ def integer(path_name: str, x: torch.Tensor, w: PQ2Weight, *, out_dtype=None) ->
     return out
 
 
-def native(x: torch.Tensor, w: PQ2Weight) -> torch.Tensor:
-    """Floating path (kernels/native.py): per 128-group an FP32 dot of x with the decoded
-    ternary values (code - 1), times the fp16 scale as fp32, groups summed ascending in FP32.
+def floating(path_name: str, x: torch.Tensor, w: PQ2Weight, *, interpret: bool = False) -> torch.Tensor:
+    """Floating PQ2 paths (kernels/native.py): per 128-group an FP32 dot of x with the decoded
+    ternary values (code - 1), times the fp16 scale as fp32, folded in the path's order.
     (The order inside one group's dot is the MMA's own; here it is the CPU GEMM's.)"""
     cf = w._views.get("emu_codes_f32")
     if cf is None:
@@ -282,19 +248,17 @@ def native(x: torch.Tensor, w: PQ2Weight) -> torch.Tensor:
         w._views["emu_codes_f32"] = cf                              # [G, 128, N]
     ws = _scales_t(w)
     xg = x.to(torch.float32).reshape(x.shape[0], w.groups, BLOCK)
-    acc = None
-    for g in range(w.groups):
-        t = (xg[:, g] @ cf[g]).mul_(ws[g])
-        acc = t.add_(0.0) if acc is None else acc.add_(t)
-    return acc.to(x.dtype)
+    plan = kernel_plan(path_name, x.shape[0], w, interpret=interpret)
+    return _fold(lambda g: (xg[:, g] @ cf[g]).mul_(ws[g]), plan, x.shape[0], w.n).to(x.dtype)
 
 
-def dense(path_name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    if path_name == "cublas":
+def dense(path_name: str, x: torch.Tensor, w: torch.Tensor, *, interpret: bool = False) -> torch.Tensor:
+    """Dense paths: the library's own product where the path's fold is None, else FP32
+    partials over its K splits, added in order, one final rounding."""
+    f = registry.get(path_name).fold(w.shape[0], x.shape[1], x.shape[0], interpret=interpret)
+    if f is None:
         return torch.matmul(x, w.t())
-    # small_gemm: FP32 partials over fixed K splits, added in order, one final rounding.
-    k = x.shape[1]
-    step = -(-k // SMALL_GEMM_SPLITS)
+    k, step = x.shape[1], f["k_per_split"]
     xf, wf = x.to(torch.float32), w.to(torch.float32)
     acc = None
     for s in range(0, k, step):
@@ -303,21 +267,20 @@ def dense(path_name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return acc.to(x.dtype)
 
 
-def emulate(path_name: str, x: torch.Tensor, w) -> torch.Tensor:
-    """y [M, N] in x's dtype for x [M, K] (bf16/fp16, CPU) through the named path's arithmetic."""
+def emulate(path_name: str, x: torch.Tensor, w, *, interpret: bool = False) -> torch.Tensor:
+    """y [M, N] in x's dtype for x [M, K] (bf16/fp16, CPU) through the named path's arithmetic,
+    in the fold order of the config its kernel picks on the GPU (or on the interpreter)."""
     p = registry.get(path_name)
     if x.dim() != 2:
         raise ValueError(f"x: expected [M, K], got shape {tuple(x.shape)}")
     if p.weight == "dense":
         if not isinstance(w, torch.Tensor):
             raise TypeError(f"path {path_name!r} takes a dense weight")
-        return dense(path_name, x, w)
+        return dense(path_name, x, w, interpret=interpret)
     if not isinstance(w, PQ2Weight):
         raise TypeError(f"path {path_name!r} takes a PQ2Weight")
     if x.shape[0] == 0:
         return x.new_empty(0, w.n)
     if p.arithmetic == "floating":
-        return native(x, w)
-    if path_name not in FOLD:
-        raise ValueError(f"path {path_name!r}: no emulated fold order (add it to emulation.FOLD)")
-    return integer(path_name, x, w)
+        return floating(path_name, x, w, interpret=interpret)
+    return integer(path_name, x, w, interpret=interpret)

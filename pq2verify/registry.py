@@ -103,6 +103,17 @@ class Path:
     def kernel(self):
         return importlib.import_module(self.module).run
 
+    def fold(self, n: int, k: int, m: int, *, interpret: bool = False) -> dict | None:
+        """The FP32 order of the config this path's kernel picks for (n, k, m), from the kernel
+        file's own `fold` (the GPU's config unless interpret): {groups_per_split, lanes, splits}
+        for PQ2 paths, {k_per_split, splits} for a split dense GEMM, None for a library's order.
+        The emulation reads it, so a new path needs no edit there."""
+        mod = importlib.import_module(self.module)
+        if not hasattr(mod, "fold"):
+            raise TypeError(f"{self.module} exports no fold(n, k, m, interpret): the emulation needs "
+                            f"path {self.name}'s FP32 order (docs/ADDING_A_PATH.md)")
+        return mod.fold(n, k, m, interpret=interpret)
+
 
 _OUT = "output rounding to the activation dtype (u = 2^-8 bf16, 2^-11 fp16) plus the FP32 fold"
 

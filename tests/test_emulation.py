@@ -80,11 +80,21 @@ def test_claimed_identities():
     assert torch.allclose(a, b, rtol=1e-5, atol=0)          # same dots, another FP32 order
 
 
-def test_fold_orders():
-    assert E.fold_plan("ascending", 1, 5) == [[0, 1, 2, 3, 4]]
-    assert E.fold_plan("lanes", 2, 5) == [[0, 2, 4], [1, 3]]
-    assert E.fold_plan("splitk", 2, 5) == [[0, 1, 2], [3, 4]]
-    assert E.fold_plan("splitk", 2, 1) == [[0]]
+@pytest.mark.parametrize("path", INTEGER)
+def test_emulation_is_the_kernels_arithmetic(path, device):
+    """The emulation, told the interpreter's config (registry.Path.fold), gives each integer
+    path's kernel bytes exactly: its fold order comes from the kernel file alone, so a new path
+    is emulated with no edit here. (On a GPU an FMA may contract the fold: CPU only.)"""
+    if device == "cuda":
+        pytest.skip("the interpreter's bits: the GPU's fold may contract into an FMA")
+    p = registry.get(path)
+    w = weight(n=40, k=1024, layout="prepared")
+    m = p.m_min if p.m_min > 1 else min(3, p.m_max or 3)
+    for kind in ("normal", "outliers", "ties"):
+        x = gen.activations(m, 1024, 3, kind=kind)
+        got = E.emulate(path, x, w, interpret=True)
+        want = p.kernel()(x, w)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (path, kind)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -134,12 +144,12 @@ def test_kernel_fold_orders_follow_the_kernels():
     single = pytest.importorskip("kernels.single")
     small_mma = pytest.importorskip("kernels.small_mma")
     w5 = weight(n=3840, k=640)
-    f = single.fold(w5.n, w5.k, interpret=False)
+    f = single.fold(w5.n, w5.k, 1, interpret=False)
     plan = E.kernel_plan("single", 1, w5)
     assert len(plan) == -(-w5.groups // f["groups_per_split"]) and len(plan[0]) == f["lanes"]
     assert sorted(g for split in plan for lane in split for g in lane) == list(range(w5.groups))
     w12 = weight(n=2304, k=1536)
-    f = small_mma.fold(8, w12.n, w12.k, interpret=False)
+    f = small_mma.fold(w12.n, w12.k, 8, interpret=False)
     plan = E.kernel_plan("small_mma", 8, w12)
     assert [lane for split in plan for lane in split] == [
         list(range(s, min(s + f["groups_per_split"], 12))) for s in range(0, 12, f["groups_per_split"])]
