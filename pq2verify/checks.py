@@ -221,10 +221,8 @@ def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
     ref = inp.reference("dense" if inp.dense else p.reference)
     yt = y[:, inp.rows.to(y.device)].cpu()
     ys = yt.double().numpy()
-    k = inp.x.shape[1]
-    f = p.fold_allowance(k // 128 if p.arithmetic == "integer" else k, _abs_sum(p, inp))
-    half = metrics.spacing(np.abs(ref) + f, dt) / 2
-    bound = f + half
+    bound, f = p.element_bound(inp.x.shape[1], _abs_sum(p, inp), ref, dt)
+    half = bound - f
     err = np.abs(ys - ref)
     with np.errstate(invalid="ignore"):
         ratio = np.where(np.isfinite(ys), err / bound, np.inf)

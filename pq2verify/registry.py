@@ -3,6 +3,7 @@ are all generated from it; adding a path is one kernel file plus one entry here.
 import importlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 # Unit roundoff of each output dtype: the output rounding alone bounds the elementwise relative
@@ -95,6 +96,13 @@ class Path:
         """F of the per-element bound (see FOLD_UNIT) for sums of `terms` terms whose absolute
         values sum to abs_sum (float64 array)."""
         return self.elem_factor * (FOLD_UNIT[self.arithmetic] * (terms + 2) * abs_sum + (terms + 2) * 2.0 ** -126)
+
+    def element_bound(self, k: int, abs_sum, ref, dtype):
+        """(bound, F): each output y of this path on K = k must satisfy |y - ref| <= bound =
+        F + spacing(|ref| + F) / 2 in `dtype` (the one rounding adds at most half a spacing)."""
+        from reference import metrics
+        f = self.fold_allowance(k // 128 if self.arithmetic == "integer" else k, abs_sum)
+        return f + metrics.spacing(np.abs(ref) + f, dtype) / 2, f
 
     def elem_bound_reason(self) -> str:
         why = FOLD_REASON[self.arithmetic]

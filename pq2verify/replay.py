@@ -388,9 +388,7 @@ def side_metrics(c: Call, out: Out, refs: References) -> dict:
         if not err <= tol:
             r["failures"].append(f"{out.path}: relative RMS vs {which} FP64 {err:.3g} > tolerance {tol:.3g}")
     ref = refs.get(c, p.reference)
-    f = p.fold_allowance(c.x.shape[1] // 128 if integer else c.x.shape[1],
-                         refs.get(c, "abs_integer" if integer else "abs_floating"))
-    bound = f + metrics.spacing(np.abs(ref) + f, dt) / 2   # checks._elementwise's bound
+    bound, _ = p.element_bound(c.x.shape[1], refs.get(c, "abs_integer" if integer else "abs_floating"), ref, dt)
     with np.errstate(invalid="ignore"):
         ratio = np.where(np.isfinite(y64), np.abs(y64 - ref) / bound, np.inf)
     r["elem_ratio"], r["elem_outside"] = float(ratio.max()), int((ratio > 1).sum())
