@@ -111,3 +111,21 @@ def test_reversed_groups_flips_whole_blocks():
     a = w.to_raw().data.view(4, w.groups, 34)
     assert torch.equal(mdl.reversed_groups(r).to_raw().data, w.to_raw().data)
     assert torch.equal(r.to_raw().data.view(4, w.groups, 34), a.flip(1)) and r.layout == w.layout
+
+
+def test_model_id_follows_the_content_not_file_times(tmp_path):
+    """The id keys runs and conversion caches: a touched or copied file keeps it, one changed
+    byte changes it."""
+    import os
+    from pq2verify.gsm8k.model import model_id
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"weights" * 1000)
+    a = model_id(str(f))
+    os.utime(f, (1, 1))
+    assert model_id(str(f)) == a
+    g = tmp_path / "copy" / "m.gguf"
+    g.parent.mkdir()
+    g.write_bytes(f.read_bytes())
+    assert model_id(str(g)) == a
+    f.write_bytes(b"weights" * 999 + b"Weights")
+    assert model_id(str(f)) != a

@@ -17,6 +17,7 @@ in reverse order. Groups are permuted as whole 128-blocks in the weight and in t
 so each group's Q8 scale and integer dot are unchanged and only the FP32 order of the partial
 sums differs: the same arithmetic, another valid fold order, on every path and backend.
 """
+import functools
 import hashlib
 import importlib.util
 import os
@@ -48,14 +49,24 @@ def default_model_path() -> str:
 
 
 def model_id(path: str) -> str:
-    """Identity of a checkpoint for run keys: path, size and mtime of its files."""
+    """Identity of a checkpoint for run keys and conversion caches: the sha256 of its files'
+    names and contents (a copy, a touch or a reinstall keeps it; a changed byte does not)."""
     p = Path(path)
     files = [p] if p.is_file() else sorted(q for q in p.iterdir() if q.is_file())
     h = hashlib.sha256()
     for f in files:
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+        h.update(f"{f.name}:{_content_sha256(str(f), f.stat().st_size, f.stat().st_mtime_ns)}\n".encode())
     return f"{p.name}@{h.hexdigest()[:12]}"
+
+
+@functools.lru_cache(maxsize=64)
+def _content_sha256(path: str, size: int, mtime_ns: int) -> str:
+    # keyed by size and mtime too, so a file rewritten in this process is hashed again
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def cache_root() -> Path:
