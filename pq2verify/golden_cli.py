@@ -33,6 +33,7 @@ def register(sub):
     ver = gs.choices["verify"]
     ver.add_argument("--case", action="append", default=[], help="verify only this case id (repeatable)")
     ver.add_argument("--json", default=None, help="write every outcome to this file")
+    ver.add_argument("--html", default=None, help="also write a self-contained HTML report (failures first)")
     ver.add_argument("--allow-missing", action="store_true",
                      help="a missing capture directory or manifest is a SKIP (exit 0) instead of a failure")
     ver.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)   # the default now; kept for old scripts
@@ -80,8 +81,10 @@ def run(args) -> int:
     # output paths before any work: a run must not be lost at its end
     if args.golden_command == "capture":
         check_writable(dest / "model" if args.model else dest, "--dir", directory=True, make_parents=True)
-    elif args.json:
-        check_writable(args.json, "--json")
+    else:
+        for opt, fn in (("--json", args.json), ("--html", getattr(args, "html", None))):
+            if fn:
+                check_writable(fn, opt)
     if args.model:
         from . import golden_model
         try:
@@ -200,6 +203,9 @@ def _verify(dest, names, device, args) -> int:
                        "outcomes": [{"case": o.case.id, "status": o.status, "comparison": o.comparison,
                                      "detail": o.detail, "source_changed": o.source_changed} for o in outcomes]},
                       f, indent=1)
+    if args.html:
+        with open(args.html, "w") as f:
+            f.write(_html(g, outcomes, key, dest))
     n_bad = sum(not o.ok for o in outcomes)
     if not outcomes:
         console.print("[bold]FAIL[/]: no golden case was verified (nothing captured or expected for this selection)")
@@ -207,6 +213,21 @@ def _verify(dest, names, device, args) -> int:
     console.print(f"[bold]{'PASS' if not n_bad else 'FAIL'}[/]: {len(outcomes) - n_bad} of {len(outcomes)} "
                   "golden cases identical or within their bound")
     return 1 if n_bad else 0
+
+
+def _html(g, outcomes, key, dest) -> str:
+    from . import golden
+    from . import html_report as h
+    bad = sum(not o.ok for o in outcomes)
+    body = [h.meta({k: g.manifest.get(k) for k in ("backend", "date", "commit", "torch", "triton")}),
+            h.verdict(not bad and bool(outcomes), f"{len(outcomes) - bad} of {len(outcomes)} golden cases identical "
+                                                   "or within their bound")]
+    rows = [[o.status, o.case.id, o.comparison, "; ".join(o.source_changed) or "-",
+             "" if o.ok else f"{o.detail} | {golden.repro(key, o.case.id, dest)}"]
+            for o in sorted(outcomes, key=lambda o: (o.ok, o.case.path, o.case.id))]
+    body.append(h.table(["status", "case", "compared", "source changed", "detail / reproduce"], rows,
+                        ["" if o.ok else "fail" for o in sorted(outcomes, key=lambda o: (o.ok, o.case.path, o.case.id))]))
+    return h.page(f"pq2verify golden verify ({key})", body)
 
 
 def _verify_model(dest, device, args) -> int:

@@ -57,3 +57,12 @@ def test_list_paths_and_cases(capsys, device):
     assert listed == [c.id for c in cases.golden_cases(backend.golden_key())]
     assert cli.main(["--list-cases", "nonsense"]) == 2
     assert "unknown profile" in capsys.readouterr().err
+
+
+def test_golden_verify_html(tmp_path, device):
+    from pq2verify import backend, golden
+    case = golden.cases(backend.golden_key(), ["single"])[0]
+    out = tmp_path / "g.html"
+    rc = cli.main(["--device", device, "golden", "verify", "--paths", "single", "--case", case.id, "--html", str(out)])
+    page = out.read_text()
+    assert rc == 0 and page.startswith("<!doctype html>") and case.id in page and "1 of 1 golden cases" in page
