@@ -38,6 +38,7 @@ def register(sub):
                                                   "(default: --json's name with .jsonl, else runs/bench.jsonl)")
     ap.add_argument("--resume", action="store_true", help="keep the items already in --jsonl and run the rest")
     ap.add_argument("--report", default=None, help="Markdown report; its plot is written beside it as .png")
+    ap.add_argument("--html", default=None, help="also a self-contained HTML page: the report with its plot")
     ap.add_argument("--dry-run", action="store_true",
                     help="fake gates and timings, no kernel runs (not a measurement): exercises table, "
                          "report, plot, resume; the only mode without a CUDA GPU")
@@ -76,7 +77,8 @@ def run(args) -> int:
         raise UsageError("bench times kernels on a CUDA GPU, and this run is on the CPU (no GPU, or --device "
                          "cpu); --dry-run exercises the table, report and plot on fake gates and timings "
                          "(not a measurement)")
-    for opt, fn in (("--json", args.json), ("--report", args.report), ("--jsonl", jsonl_path(args))):
+    for opt, fn in (("--json", args.json), ("--report", args.report), ("--html", args.html),
+                    ("--jsonl", jsonl_path(args))):
         if fn:
             check_writable(fn, opt, make_parents=True)     # before the run, not after it
     console = Console(highlight=False, soft_wrap=False)
@@ -106,9 +108,18 @@ def run(args) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
         console.print(f"wrote {args.json}")
-    if args.report:
-        md, png = bench_report.write(res, Path(args.report))
-        console.print(f"wrote {md}" + (f" and {png}" if png else " (no plot)"))
+    if args.report or args.html:
+        import tempfile
+        from . import html_report as h
+        with tempfile.TemporaryDirectory() as tmp:
+            md, png = bench_report.write(res, Path(args.report) if args.report else Path(tmp) / "bench.md")
+            if args.html:
+                body = [h.from_markdown(Path(md).read_text())]
+                if png:
+                    body.append(h.image(Path(png).read_bytes(), "bench plot"))
+                Path(args.html).write_text(h.page("pq2verify bench", body))
+        if args.report:
+            console.print(f"wrote {md}" + (f" and {png}" if png else " (no plot)"))
     bad = res["blocked"] or res["errors"]
     console.print(f"[bold]{'FAIL' if bad else 'OK'}[/]: {len(res['blocked'])} blocked, {len(res['errors'])} errors, "
                   f"{len(res['not_run'])} not run, {res['elapsed_s']:.0f} s"

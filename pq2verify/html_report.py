@@ -46,6 +46,30 @@ def image(png: bytes, alt: str) -> str:
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+def from_markdown(md: str) -> str:
+    """The subset of Markdown our reports write: headings, tables, bullet lines, paragraphs."""
+    out, rows = [], []
+
+    def flush():
+        if rows:
+            cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows
+                     if not set(r.replace("|", "").strip()) <= set("-: ")]
+            out.append(table(cells[0], cells[1:]))
+            rows.clear()
+    for line in md.splitlines():
+        if line.lstrip().startswith("|"):
+            rows.append(line)
+            continue
+        flush()
+        if line.startswith("#"):
+            level = min(len(line) - len(line.lstrip("#")) + 1, 4)
+            out.append(f"<h{level}>{esc(line.lstrip('#').strip())}</h{level}>")
+        elif line.strip():
+            out.append(f"<p>{esc(line.strip())}</p>")
+    flush()
+    return "\n".join(out)
+
+
 def page(title: str, body: list[str]) -> str:
     return ("<!doctype html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)}</title><style>{_STYLE}</style></head>\n<body>\n<h1>{esc(title)}</h1>\n"

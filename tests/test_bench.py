@@ -321,9 +321,9 @@ def test_slower_tuned_path_is_listed():
 
 def test_cli_dry_run_writes_everything(tmp_path, capsys):
     from pq2verify import cli
-    j, md = tmp_path / "b.json", tmp_path / "b.md"
+    j, md, page = tmp_path / "b.json", tmp_path / "b.md", tmp_path / "b.html"
     rc = cli.main(["--device", DEVICE, "bench", "--dry-run", "--quick", "--shapes", "gate_up,out,in_proj_ba",
-                   "--json", str(j), "--report", str(md)])
+                   "--json", str(j), "--report", str(md), "--html", str(page)])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "decode step M=1" in out and "targets (H200)" in out
@@ -331,6 +331,8 @@ def test_cli_dry_run_writes_everything(tmp_path, capsys):
     assert {r["key"] for r in res["rows"]} >= {"bandwidth", "shape:gate_up:m1", "step:m1", "step:m16"}
     assert (res["config"]["pairs"], res["config"]["budget_s"], res["config"]["ms"]) == (7, 180.0, [1, 16, 2048])
     assert (tmp_path / "b.jsonl").exists() and md.with_suffix(".png").exists()
+    html = page.read_text()    # the report's tables as tables, the plot inline
+    assert html.startswith("<!doctype html>") and "<table>" in html and "data:image/png;base64," in html
     rc = cli.main(["--device", DEVICE, "bench", "--dry-run", "--quick", "--shapes", "gate_up,out,in_proj_ba",
                    "--json", str(j), "--resume"])
     assert rc == 0 and "resumed from the JSON lines file" in capsys.readouterr().out

@@ -74,7 +74,8 @@ def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
     from pq2verify import backend
     mode = backend.mode_state()
     assert mode["kernels.common.INTERPRET"] is common.INTERPRET
-    assert run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned", "--control") == 0
+    page = tmp_path / "ab.html"
+    assert run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned", "--control", "--html", str(page)) == 0
     # the emulation was this run's only: the interpreter mode and every kernel module imported
     # during the run (the tuned folds import kernels.single, small_mma) are as before
     assert backend.mode_state() == mode and backend.mixed_kernels() == []
@@ -98,6 +99,13 @@ def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
         assert all(x["prompt_hash"] == rep["data"]["prompt_hashes"][str(x["id"])] for x in recs)
     c = rep["control"]                                # A twice: greedy and deterministic
     assert c["identical_generations"] == 5 and c["answer_diffs"] == 0
+    # the HTML page: the verdict, and each differing question's two generations side by side
+    html = page.read_text()
+    assert html.startswith("<!doctype html>") and "side by side" in html and rep["verdict"]["verdict"] in html
+    by = {r["label"]: {x["id"]: x for x in lines(Path(r["dir"]))} for r in (a, b)}
+    for d in rep["compare"]["diffs"] + rep["compare"]["text_only"]:
+        for label in by:
+            assert __import__("html").escape(by[label][d["id"]]["text"]) in html
     assert rep["compare"]["identical_answers"] + rep["compare"]["answer_diffs"] == 5
 
 

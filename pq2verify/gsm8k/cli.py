@@ -72,6 +72,8 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=positive_int, default=5, help="log-probabilities recorded per step")
     p.add_argument("--near-tie", type=float, default=None, help="near-tie margin threshold in nats (default 0.1)")
     p.add_argument("--out", default=None, help="output directory (default runs/gsm8k/<config hash>)")
+    p.add_argument("--html", default=None, help="also write a self-contained HTML report: the verdict, the "
+                   "summary, and each differing question's two generations side by side")
     p.add_argument("--max-diff", type=nonneg_int, default=None, help="exit 1 if more than K answers differ (CI)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default: the cores not busy with other work, at least 1)")
@@ -128,6 +130,8 @@ def _predict_paths(spec, device, dtype, batch) -> list[str]:
 def main(args) -> int:
     if args.out:
         check_writable(args.out, "--out", directory=True, make_parents=True)   # before any generation
+    if getattr(args, "html", None):
+        check_writable(args.html, "--html")
     from .. import backend
     try:
         # --cpu-backend for this run only (the interpreter mode itself is never flipped)
@@ -272,6 +276,8 @@ def _main(args) -> int:
     (out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
     md = report.markdown(rep)
     (out / "report.md").write_text(md)
+    if getattr(args, "html", None):
+        Path(args.html).write_text(report.html(rep, md, by["a"]["recs"], by["b"]["recs"]))
     print(md)
     print(f"report: {out / 'report.md'} and {out / 'report.json'}", file=sys.stderr)
     if not switch_ok:

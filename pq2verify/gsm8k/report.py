@@ -284,3 +284,32 @@ def markdown(rep: dict) -> str:
     if rep.get("errors"):
         L += ["", "## Errors", ""] + [f"- {e}" for e in rep["errors"]]
     return "\n".join(L) + "\n"
+
+
+def html(rep: dict, md: str, recs_a: dict, recs_b: dict) -> str:
+    """The report as one self-contained page: the verdict, the Markdown summary, and for each
+    question whose answer or text differs, A's and B's generations side by side from the step
+    where they part (the shared prefix above them)."""
+    from .. import html_report as h
+    cmp, verdict = rep["compare"], rep.get("verdict") or {}
+    body = [h.meta({"model": rep["model"]["id"], "A": rep["a"]["label"], "B": rep["b"]["label"],
+                    "backend": rep["backend"], "questions": rep["data"]["n"]})]
+    if verdict:
+        within = "within" in str(verdict.get("verdict", verdict)).lower()
+        body.append(h.verdict(within, f"verdict: {verdict.get('verdict', verdict)}"))
+    body.append(h.verdict(rep["switch_ok"], f"{cmp['identical_answers']} of {cmp['n']} answers identical; "
+                                            f"{cmp['answer_diffs']} differ"))
+    body.append("<h2>Divergences, side by side</h2>")
+    rows, cls = [], []
+    for d in cmp["diffs"] + cmp["text_only"]:
+        q = d["id"]
+        a, b = recs_a.get(q, {}), recs_b.get(q, {})
+        prefix = d.get("prefix") or ""
+        rows.append([q, d.get("class", "text only"), d.get("kind", "-"), d.get("step", "-"),
+                     f"...{prefix[-200:]}" if len(prefix) > 200 else prefix,
+                     a.get("text", ""), b.get("text", "")])
+        cls.append("fail" if d.get("kind") == "real" else "warn")
+    body.append(h.table(["question", "class", "kind", "first differing step", "shared prefix",
+                         "A's generation", "B's generation"], rows, cls))
+    body.append("<h2>Report</h2>" + h.from_markdown(md))
+    return h.page("pq2verify gsm8k A/B", body)
