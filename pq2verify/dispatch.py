@@ -1,11 +1,9 @@
 """pq2_matmul: pick the kernel set's path for (weight, M), validate, launch, and record which
 path served the call, so that a run can prove which code executed."""
 import functools
-import json
 import os
 from collections import Counter
 from contextlib import contextmanager
-from pathlib import Path as _P
 
 import torch
 

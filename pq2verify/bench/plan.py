@@ -3,7 +3,7 @@
 import math
 from dataclasses import dataclass
 
-from .. import checks, kernelsets, registry
+from .. import checks, kernelsets
 from ..weights import BLOCK, BLOCK_BYTES
 
 
