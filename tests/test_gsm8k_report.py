@@ -73,3 +73,20 @@ def test_numeric_divergence_precedes_the_token_flip():
     top_b = steps([(1, -0.1)], [(2, -0.25)], [(8, -0.4), (7, -0.6)])
     d = report.divergence(rec([1, 2, 7], "1", False, top_a), rec([1, 2, 8], "2", False, top_b))
     assert d["step"] == 2 and d["numeric_step"] == 1 and abs(d["numeric_delta"] - 0.05) < 1e-9
+
+
+def test_html_puts_the_two_generations_side_by_side():
+    """Each differing question's row holds A's and B's whole generations and the shared prefix;
+    the verdict and the Markdown summary are on the page."""
+    from pq2verify.gsm8k import report as rpt
+    d = {"id": 7, "class": "both wrong", "kind": "real", "step": 3, "prefix": "She has 3 apples and <b>"}
+    rep = {"compare": {"diffs": [d], "text_only": [], "identical_answers": 4, "n": 5, "answer_diffs": 1},
+           "verdict": {"verdict": "within arithmetic noise"}, "model": {"id": "m@1"}, "a": {"label": "A legacy"},
+           "b": {"label": "B tuned"}, "backend": "emulate", "data": {"n": 5}, "switch_ok": True}
+    recs_a = {7: {"text": "She has 3 apples and 2 pears, 5 in all. #### 5"}}
+    recs_b = {7: {"text": "She has 3 apples and 4 pears, 7 in all. #### 7"}}
+    page = rpt.html(rep, "# GSM8K answer diff\n\n| a | b |\n|---|---|\n| 1 | 2 |\n", recs_a, recs_b)
+    row = page[page.index("<td>7</td>"):]
+    row = row[:row.index("</tr>")]
+    assert "2 pears, 5 in all" in row and "4 pears, 7 in all" in row and "&lt;b&gt;" in row
+    assert "within arithmetic noise" in page and "4 of 5 answers identical" in page and "<table>" in page

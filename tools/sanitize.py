@@ -93,12 +93,11 @@ def judge(log: str, names, library: dict) -> tuple[dict, bool, str]:
         if done and errs == 0:
             v = "clean"
         elif not done:
-            v = "did not finish"
+            v, ours = "did not finish", ours + 1
         elif library.get(name) and ctrl_done and ctrl_errs:
             v = f"{errs} in {library[name]}; its control alone: {ctrl_errs}"
         else:
-            v = f"{errs} error(s)"
-        ours += not (v == "clean" or " in " in v)
+            v, ours = f"{errs} error(s)", ours + 1
         verdicts[name] = v
     good = ours == 0 and unattributed == 0
     return verdicts, good, (f"error summary={total}; control (library alone): {ctrl_errs}; "
