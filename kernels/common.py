@@ -20,15 +20,23 @@ def rne(x):
 
 
 @triton.jit
-def dp4a(a, b, acc, INTERP: tl.constexpr):
-    """acc + sum of the four signed byte products of int32 words a and b."""
+def dp4a(a, b, acc, INTERP: tl.constexpr, UNSIGNED_A: tl.constexpr = False):
+    """acc + sum of the four byte products of int32 words a and b: signed bytes, or a's bytes
+    unsigned (0..255) with UNSIGNED_A (gemv's masked code planes, up to 0xC0)."""
     if INTERP:
         r = acc
         for i in tl.static_range(4):
-            ai = (a << (24 - 8 * i)) >> 24
+            if UNSIGNED_A:
+                ai = (a >> (8 * i)) & 0xFF
+            else:
+                ai = (a << (24 - 8 * i)) >> 24
             bi = (b << (24 - 8 * i)) >> 24
             r = r + ai * bi
         return r
+    elif UNSIGNED_A:
+        return tl.inline_asm_elementwise(
+            "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc],
+            dtype=tl.int32, is_pure=True, pack=1)
     else:
         return tl.inline_asm_elementwise(
             "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc],
@@ -57,3 +65,14 @@ def scale_accumulate(acc, dot, xs, ws):
     """The one FP32 expression every integer path uses to fold a group into its sum: keeping
     it in one place is what lets mmq and mmq_planes be bit-identical."""
     return acc + dot.to(tl.float32) * xs * ws
+
+
+@triton.jit
+def lane_tree(lanes, BN: tl.constexpr, GC: tl.constexpr, LOG_GC: tl.constexpr):
+    """[BN, GC] FP32 lanes -> [BN] by an explicit pairwise tree ((l0+l1)+(l2+l3))+..., so the
+    order does not depend on the register layout the compiler picks (tl.sum's would)."""
+    y = lanes
+    for r in tl.static_range(LOG_GC):
+        lo, hi = tl.split(tl.reshape(y, (BN, GC >> (r + 1), 2)))
+        y = lo + hi
+    return tl.reshape(y, (BN,))

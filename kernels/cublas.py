@@ -2,15 +2,27 @@
 baseline the dense tuned path (small_gemm) replaces."""
 import torch
 
-from pq2verify import validate
+from pq2verify import tiles, validate
 
 
-def fold(n: int, k: int, m: int, interpret: bool | None = None):
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{}: the library picks its own kernels; nothing here can be forced."""
+    return {}
+
+
+def configs(interpret: bool) -> list[dict]:
+    """The one config: none."""
+    return [{}]
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None):
     """None: the library's own order (the emulation calls torch.matmul too)."""
+    tiles.force("cublas", {}, config, {})
     return None
 
 
-def run(x, w, *, out=None, dots=None, check=True):
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    tiles.force("cublas", {}, config, {})
     if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
         validate.kernel_args("cublas", x, w, out, dots)
     y = torch.matmul(x, w.t())

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from kernels.common import INTERPRET, dp4a, expand_signed, scale_accumulate
 from kernels.prepare import quantize_q8, to_out
-from pq2verify import validate
+from pq2verify import tiles, validate
 
 
 @triton.jit
@@ -54,15 +54,27 @@ def _gemv_kernel(qw_ptr, xs_ptr, c_ptr, s_ptr, y_ptr, d_ptr, M, N, stride_ym,
     tl.store(y_ptrs, to_out(acc, y_ptr.dtype.element_ty, INTERP), mask=mmask[:, None] & nmask[None, :])
 
 
+# A forced config (run/fold config=) is checked field by field (pq2verify.tiles); BM >= M too.
+FIELDS = {"BM": tiles.pow2(1), "BN": tiles.pow2(1), "GB": tiles.pow2(1), "num_warps": tiles.WARPS,
+          "num_stages": tiles.STAGES}
+
+
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{BM, BN, GB, num_warps, num_stages} from shapes only; one program holds all M rows (BM).
+    interpret: the interpreter's config or the GPU's (default: this process's)."""
+    return dict(_config(n, k, m, INTERPRET if interpret is None else bool(interpret)))
+
+
 @functools.lru_cache(maxsize=None)
-def config(m, n, k):
-    """(BM, BN, GB, num_warps, num_stages) from shapes only. Picked by a sweep on the H200
-    (bf16, prepared weights): M=1 34816x5120 (16, 4, 2) 53 us; 5120x17408 (8, 8, 4) 47 us;
-    M=16 34816x5120 (16, 1, 4) 261 us; 5120x17408 (8, 4, 4) 158 us. M = 2..8 are in between."""
+def _config(n, k, m, interpret):
+    """Picked by a sweep on the H200 (bf16, prepared weights): M=1 34816x5120 (16, 4, 2) 53 us;
+    5120x17408 (8, 8, 4) 47 us; M=16 34816x5120 (16, 1, 4) 261 us; 5120x17408 (8, 4, 4) 158 us.
+    M = 2..8 are in between."""
     bm = triton.next_power_of_2(m)
     g = k // 128
-    if INTERPRET:
-        return bm, max(16, min(triton.next_power_of_2(n), 4096 // bm)), min(triton.next_power_of_2(g), 4), 4, 1
+    if interpret:
+        return dict(BM=bm, BN=max(16, min(triton.next_power_of_2(n), 4096 // bm)), GB=min(triton.next_power_of_2(g), 4),
+                    num_warps=4, num_stages=1)
     big_n = n >= 16384
     if bm == 1:
         bn, gb, warps = (16, 4, 2) if big_n else (8, 8, 4)
@@ -70,27 +82,41 @@ def config(m, n, k):
         bn, gb, warps = (16, 2, 4) if big_n else (8, 4, 4)
     else:
         bn, gb, warps = (16, 1, 4) if big_n else (8, 4 if k >= 12288 else 2, 4)
-    return bm, bn, gb, warps, 1
+    return dict(BM=bm, BN=bn, GB=gb, num_warps=warps, num_stages=1)
 
 
-def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
-    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0."""
+def configs(interpret: bool) -> list[dict]:
+    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
+    return tiles.sweep("int_gemv", lambda n, k, m: config(n, k, m, interpret))
+
+
+def _resolve(n, k, m, interpret, cfg) -> dict:
+    c = tiles.force("int_gemv", _config(n, k, m, INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
+    if c["BM"] < m:
+        raise ValueError(f"int_gemv: config field BM={c['BM']}: one program holds all M={m} rows; expected BM >= {m}")
+    return c
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
+    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0,
+    whatever the config (a forced one is still checked)."""
+    _resolve(n, k, m, interpret, config)
     return dict(groups_per_split=k // 128, lanes=1, splits=1)
 
 
-def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
-        validate.kernel_args("int_gemv", x, w, out, dots)
-    m, n = x.shape[0], w.n
-    y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    y = validate.kernel_out("int_gemv", x, w, out, dots, check)
+    m, n = y.shape
     if m == 0 or n == 0:
         return y
+    cfg = _resolve(n, w.k, m, None, config)
     q, xs, _ = quantize_q8(x, "plain")
-    bm, bn, gb, warps, stages = config(m, n, w.k)
+    bm, bn = cfg["BM"], cfg["BN"]
     st = w.strides
     _gemv_kernel[(triton.cdiv(n, bn),)](
         q.view(torch.int32), xs, w.codes_u8, w.scales_f16, y, dots if dots is not None else y,
         m, n, y.stride(0),
         st["code_row"], st["code_group"], st["code_off"], st["scale_row"], st["scale_group"], st["scale_off"],
-        G=w.groups, BM=bm, BN=bn, GB=gb, DOTS=dots is not None, INTERP=INTERPRET, num_warps=warps, num_stages=stages)
+        G=w.groups, BM=bm, BN=bn, GB=cfg["GB"], DOTS=dots is not None, INTERP=INTERPRET,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y

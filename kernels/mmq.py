@@ -4,13 +4,12 @@ acc = scale_accumulate(acc, dot_g, xs[m, g], ws[n, g]) for g ascending. mmq_plan
 bit-identical to this: keep the fold exactly so and nothing else in the FP32 path."""
 import functools
 
-import torch
 import triton
 import triton.language as tl
 
 from kernels.common import INTERPRET, scale_accumulate
 from kernels.prepare import quantize_q8, to_out
-from pq2verify import validate
+from pq2verify import tiles, validate
 
 
 @triton.jit
@@ -46,39 +45,65 @@ def _mmq_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, y_ptr, d_ptr, M, N, stride_ym,
     tl.store(y_ptrs, to_out(acc, y_ptr.dtype.element_ty, INTERP), mask=mmask[:, None] & nmask[None, :])
 
 
+# A forced config (run/fold config=) is checked field by field (pq2verify.tiles).
+FIELDS = {"BM": tiles.pow2(16), "BN": tiles.pow2(16), "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+
+
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{BM, BN, num_warps, num_stages} from shapes only (M bucketed to a power of two up to
+    4096). interpret: the interpreter's config or the GPU's (default: this process's)."""
+    return dict(_chosen(n, k, m, interpret))
+
+
+def _chosen(n, k, m, interpret) -> dict:
+    return _config(n, k, min(triton.next_power_of_2(m), 4096), INTERPRET if interpret is None else bool(interpret))
+
+
 @functools.lru_cache(maxsize=None)
-def config(m, n, k):
-    """(BM, BN, num_warps, num_stages) from shapes only (m bucketed to a power of two)."""
-    if INTERPRET:
-        return max(16, min(m, 128)), max(16, min(triton.next_power_of_2(n), 256)), 4, 1
+def _config(n, k, m, interpret):
+    if interpret:
+        return dict(BM=max(16, min(m, 128)), BN=max(16, min(triton.next_power_of_2(n), 256)), num_warps=4, num_stages=1)
     # H200 sweep, 34816x5120 bf16: M=4096 (256, 64, 8, 3) 3.80 ms (384 Top/s; 128x128x8 5.16 ms),
     # M=512 the same tile 0.53 ms, M=128 (128, 64, 4, 3) 0.18 ms, M=64 (64, 64, 4, 4) 0.12 ms.
     # A small BN keeps the per-group weight decode and the fp32 fold cheap per program.
     if m <= 64:
-        return 64, 64, 4, 4
-    if m <= 128:
-        return 128, 64, 4, 3
-    return 256, 64, 8, 3
+        bm, bn, warps, stages = 64, 64, 4, 4
+    elif m <= 128:
+        bm, bn, warps, stages = 128, 64, 4, 3
+    else:
+        bm, bn, warps, stages = 256, 64, 8, 3
+    return dict(BM=bm, BN=bn, num_warps=warps, num_stages=stages)
 
 
-def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
-    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0."""
+def configs(interpret: bool) -> list[dict]:
+    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
+    return tiles.sweep("mmq", lambda n, k, m: config(n, k, m, interpret))
+
+
+def _resolve(n, k, m, interpret, cfg) -> dict:
+    return tiles.force("mmq", _chosen(n, k, m, interpret), cfg, FIELDS)
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
+    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0,
+    whatever the config (a forced one is still checked)."""
+    _resolve(n, k, m, interpret, config)
     return dict(groups_per_split=k // 128, lanes=1, splits=1)
 
 
-def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
-        validate.kernel_args("mmq", x, w, out, dots)
-    m, n = x.shape[0], w.n
-    y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    y = validate.kernel_out("mmq", x, w, out, dots, check)
+    m, n = y.shape
     if m == 0 or n == 0:
         return y
+    cfg = _resolve(n, w.k, m, None, config)
     q, xs, _ = quantize_q8(x, "plain")
-    bm, bn, warps, stages = config(min(triton.next_power_of_2(m), 4096), n, w.k)
+    bm, bn = cfg["BM"], cfg["BN"]
     st = w.strides
     _mmq_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         q, xs, w.codes_u8, w.scales_f16, y, dots if dots is not None else y,
         m, n, y.stride(0),
         st["code_row"], st["code_group"], st["code_off"], st["scale_row"], st["scale_group"], st["scale_off"],
-        G=w.groups, BM=bm, BN=bn, DOTS=dots is not None, INTERP=INTERPRET, num_warps=warps, num_stages=stages)
+        G=w.groups, BM=bm, BN=bn, DOTS=dots is not None, INTERP=INTERPRET,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y

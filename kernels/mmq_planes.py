@@ -15,13 +15,12 @@ bit-identical to mmq on the H200.
 """
 import functools
 
-import torch
 import triton
 import triton.language as tl
 
 from . import common, prepare
 from .small_mma import plane_dots
-from pq2verify import validate
+from pq2verify import tiles, validate
 
 
 @triton.jit
@@ -72,36 +71,58 @@ def _mmq_planes_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
              prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP), mask=mn & nn)
 
 
+# A forced config (run/fold config=) is checked field by field (pq2verify.tiles).
+FIELDS = {"BM": tiles.pow2(16), "BN": tiles.pow2(16), "SWAP": tiles.flag, "num_warps": tiles.WARPS,
+          "num_stages": tiles.STAGES}
+
+
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{BM, BN, SWAP, num_warps, num_stages} from shapes only (M bucketed to a power of two up
+    to 4096). interpret: the interpreter's config or the GPU's (default: this process's)."""
+    return dict(_chosen(n, k, m, interpret))
+
+
+def _chosen(n, k, m, interpret) -> dict:
+    return _config(n, k, min(triton.next_power_of_2(m), 4096),
+                   common.INTERPRET if interpret is None else bool(interpret))
+
+
 @functools.lru_cache(maxsize=None)
-def config(m_bucket: int, n: int, k: int):
-    """(BM, BN, SWAP, num_warps, num_stages) from shapes only (m bucketed to a power of two)."""
-    if common.INTERPRET:
+def _config(n: int, k: int, m_bucket: int, interpret: bool):
+    if interpret:
         # the interpreter pays per program: few, wide tiles
-        return max(16, min(m_bucket, 128)), max(16, min(triton.next_power_of_2(n), 256)), False, 4, 1
+        return dict(BM=max(16, min(m_bucket, 128)), BN=max(16, min(triton.next_power_of_2(n), 256)), SWAP=False,
+                    num_warps=4, num_stages=1)
     # measured on the H200 (M = 512, 4096): 64 x 128 tiles, 4 warps, mma.sync beat the
     # 128 x 128 wgmma tiles (the computed weight planes must pass through shared memory) and
     # the swapped operand order
-    if m_bucket >= 64:
-        return 64, 128, False, 4, 3
-    return 32, 128, False, 4, 3
+    return dict(BM=64 if m_bucket >= 64 else 32, BN=128, SWAP=False, num_warps=4, num_stages=3)
 
 
-def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
-    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0."""
+def configs(interpret: bool) -> list[dict]:
+    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
+    return tiles.sweep("mmq_planes", lambda n, k, m: config(n, k, m, interpret))
+
+
+def _resolve(n, k, m, interpret, cfg) -> dict:
+    return tiles.force("mmq_planes", _chosen(n, k, m, interpret), cfg, FIELDS)
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
+    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0,
+    whatever the config (SWAP included; a forced one is still checked)."""
+    _resolve(n, k, m, interpret, config)
     return dict(groups_per_split=k // 128, lanes=1, splits=1)
 
 
-def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
-        validate.kernel_args("mmq_planes", x, w, out, dots)
-    m, k = x.shape
-    n = w.n
-    if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    out = validate.kernel_out("mmq_planes", x, w, out, dots, check)
+    (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out
+    cfg = _resolve(n, k, m, None, config)
     q, xs, t = prepare.quantize_q8(x, order="plane")
-    bm, bn, swap, warps, stages = config(min(triton.next_power_of_2(m), 4096), n, k)
+    bm, bn = cfg["BM"], cfg["BN"]
     st = w.strides
     write_dots = dots is not None
     dd = dots if write_dots else out
@@ -113,6 +134,6 @@ def run(x, w, *, out=None, dots=None, check=True):
         dd, ds[0], ds[1], ds[2],
         m, n, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"],
-        BM=bm, BN=bn, G=w.groups, SWAP=swap, PREPARED=w.layout == "prepared", WRITE_DOTS=write_dots,
-        INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
+        BM=bm, BN=bn, G=w.groups, SWAP=cfg["SWAP"], PREPARED=w.layout == "prepared", WRITE_DOTS=write_dots,
+        INTERP=common.INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

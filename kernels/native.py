@@ -4,13 +4,12 @@ ternary values (code-1, exact in bf16/fp16), fp32 accumulate, times the fp16 sca
 groups summed in ascending order in fp32."""
 import functools
 
-import torch
 import triton
 import triton.language as tl
 
 from kernels.common import INTERPRET
 from kernels.prepare import to_out
-from pq2verify import validate
+from pq2verify import tiles, validate
 
 
 @triton.jit
@@ -44,39 +43,67 @@ def _native_kernel(x_ptr, c_ptr, s_ptr, y_ptr, M, N, stride_xm, stride_ym,
     tl.store(y_ptrs, to_out(acc, y_ptr.dtype.element_ty, INTERP), mask=mmask[:, None] & nmask[None, :])
 
 
+# A forced config (run/fold config=) is checked field by field (pq2verify.tiles).
+FIELDS = {"BM": tiles.pow2(16), "BN": tiles.pow2(16), "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+
+
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{BM, BN, num_warps, num_stages} from shapes only (M bucketed: itself up to 16, then a
+    power of two up to 4096). interpret: the interpreter's config or the GPU's (default: this
+    process's)."""
+    return dict(_chosen(n, k, m, interpret))
+
+
+def _chosen(n, k, m, interpret=None) -> dict:
+    return _config(n, k, m if m <= 16 else min(triton.next_power_of_2(m), 4096),
+                   INTERPRET if interpret is None else bool(interpret))
+
+
 @functools.lru_cache(maxsize=None)
-def config(m, n, k):
-    """(BM, BN, num_warps, num_stages) from shapes only."""
-    if INTERPRET:
-        return max(16, min(triton.next_power_of_2(m), 64)), max(16, min(triton.next_power_of_2(n), 256)), 4, 1
+def _config(n, k, m, interpret):
+    if interpret:
+        return dict(BM=max(16, min(triton.next_power_of_2(m), 64)), BN=max(16, min(triton.next_power_of_2(n), 256)),
+                    num_warps=4, num_stages=1)
     # H200 sweep, bf16: M<=16 34816x5120 (16, 32, 2, 4) 120 us, 5120x6144 (16, 16, 2, 4) 37 us
     # (decode is bound by the in-kernel weight decode, not memory); M=4096 34816x5120
     # (256, 64, 8, 3) 5.13 ms, 128x128x8 5.28 ms.
     if m <= 16:
-        return 16, 32 if n >= 16384 else 16, 2, 4
-    if m <= 64:
-        return 64, 64, 4, 4
-    if m <= 256:
-        return 128, 128, 8, 3
-    return 256, 64, 8, 3
+        bm, bn, warps, stages = 16, 32 if n >= 16384 else 16, 2, 4
+    elif m <= 64:
+        bm, bn, warps, stages = 64, 64, 4, 4
+    elif m <= 256:
+        bm, bn, warps, stages = 128, 128, 8, 3
+    else:
+        bm, bn, warps, stages = 256, 64, 8, 3
+    return dict(BM=bm, BN=bn, num_warps=warps, num_stages=stages)
 
 
-def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
-    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0."""
+def configs(interpret: bool) -> list[dict]:
+    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
+    return tiles.sweep("native", lambda n, k, m: config(n, k, m, interpret))
+
+
+def _resolve(n, k, m, interpret, cfg) -> dict:
+    return tiles.force("native", _chosen(n, k, m, interpret), cfg, FIELDS)
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
+    """The FP32 order (for the emulation): one split, one lane, groups ascending from 0.0,
+    whatever the config (a forced one is still checked)."""
+    _resolve(n, k, m, interpret, config)
     return dict(groups_per_split=k // 128, lanes=1, splits=1)
 
 
-def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
-        validate.kernel_args("native", x, w, out, dots)
-    m, n = x.shape[0], w.n
-    y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    y = validate.kernel_out("native", x, w, out, dots, check)
+    m, n = y.shape
     if m == 0 or n == 0:
         return y
-    bm, bn, warps, stages = config(m if m <= 16 else min(triton.next_power_of_2(m), 4096), n, w.k)
+    cfg = _resolve(n, w.k, m, None, config)
+    bm, bn = cfg["BM"], cfg["BN"]
     st = w.strides
     _native_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         x, w.codes_u8, w.scales_f16, y, m, n, x.stride(0), y.stride(0),
         st["code_row"], st["code_group"], st["code_off"], st["scale_row"], st["scale_group"], st["scale_off"],
-        G=w.groups, BM=bm, BN=bn, INTERP=INTERPRET, num_warps=warps, num_stages=stages)
+        G=w.groups, BM=bm, BN=bn, INTERP=INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y

@@ -14,7 +14,7 @@ g = g0+c, g0+c+GC, ... ascending (g0 the split's first group); the GC lanes are 
 by an explicit pairwise tree ((l0+l1)+(l2+l3))+... (not tl.sum, whose order would follow the
 register layout). With SPLIT > 1 the split partials go to per-call partials [SPLIT, 1, N] and are
 summed in ascending split order, ((p0 + p1) + p2) + ..., by splitk.reduce_splits.
-`fold(n, k)` reports GC, groups per split and SPLIT for a shape. The GPU and the interpreter use
+`fold(n, k, m)` reports GC, groups per split and SPLIT for a shape (or a forced config). The GPU and the interpreter use
 different configs (and the GPU may contract acc + a*b into an FMA), so their bits may differ.
 
 Prepared weights are the fast path (int32 word loads, 16-byte aligned rows); raw weights
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import common, prepare, splitk
-from pq2verify import validate
+from pq2verify import tiles, validate
 
 
 @triton.jit
@@ -98,25 +98,25 @@ def _single_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn,
         lanes = common.scale_accumulate(lanes, dot, xs[None, :], ws)
         if WRITE_DOTS:
             tl.store(dots_ptr + rn[:, None] * d_sn + g[None, :] * d_sg, dot, mask=m2)
-    # lanes summed by an explicit pairwise tree, (l0+l1)+(l2+l3) ..., so the order does not
-    # depend on the register layout the compiler picks (tl.sum's would, e.g. raw vs prepared)
-    y = lanes
-    for r in tl.static_range(LOG_GC):
-        lo, hi = tl.split(tl.reshape(y, (BN, GC >> (r + 1), 2)))
-        y = lo + hi
-    y = tl.reshape(y, (BN,))
+    y = common.lane_tree(lanes, BN, GC, LOG_GC)
     if SPLIT == 1:
         tl.store(out_ptr + rn * out_sn, prepare.to_out(y, out_ptr.dtype.element_ty, INTERP), mask=n_ok)
     else:
         tl.store(part_ptr + pid_k * N + rn, y, mask=n_ok)
 
 
-def config(n: int, k: int, interpret: bool | None = None):
-    """(BN, GC, groups per split, SPLIT, PREFETCH, num_warps, num_stages) from shapes only.
+# A forced config (run/fold config=) is checked field by field (pq2verify.tiles), and its
+# splits must cover the groups with none empty.
+FIELDS = {"BN": tiles.pow2(1), "GC": tiles.pow2(1), "groups_per_split": tiles.integer(1),
+          "SPLIT": tiles.integer(1), "PREFETCH": tiles.flag, "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+
+
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{BN, GC, groups_per_split, SPLIT, PREFETCH, num_warps, num_stages} from shapes only.
     Memory-bound: a chunk of BN rows x GC groups is BN*GC*32 bytes of 16-byte word loads;
     split-K over groups when the row tiles alone give too few programs to keep every SM's
     loads in flight. interpret: the interpreter's config or the GPU's (default: this process's)."""
-    return _config(n, k, common.INTERPRET if interpret is None else bool(interpret))
+    return dict(_config(n, k, common.INTERPRET if interpret is None else bool(interpret)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,41 +126,51 @@ def _config(n: int, k: int, interpret: bool):
         # the interpreter pays per program: wide tiles; GC = 2 and two splits still exercise
         # several chunks, a masked tail and the split reduction
         per, split = splitk.split_groups(groups, 2)
-        return min(128, max(8, triton.next_power_of_2(n))), 2, per, split, True, 4, 1
+        return dict(BN=min(128, max(8, triton.next_power_of_2(n))), GC=2, groups_per_split=per, SPLIT=split,
+                    PREFETCH=True, num_warps=4, num_stages=1)
     # measured on the H200 (CUDA graphs, weights rotated past L2): 8 rows x 8 groups a chunk,
     # 4 warps; the register prefetch of the next chunk pays when all programs are resident
     # at once (<= ~2048) and walk few chunks, and costs occupancy otherwise
     gc = min(8, triton.next_power_of_2(groups))
     bn = 8
-    tiles = triton.cdiv(n, bn)
+    tiles_n = triton.cdiv(n, bn)
     want = 1
-    while tiles * want < 1024 and groups // (2 * want) >= 2 * gc:
+    while tiles_n * want < 1024 and groups // (2 * want) >= 2 * gc:
         want *= 2
     per, split = splitk.split_groups(groups, want)
-    prefetch = tiles * split <= 2048 and triton.cdiv(per, gc) <= 6
-    return bn, gc, per, split, prefetch, 4, 3
+    prefetch = tiles_n * split <= 2048 and triton.cdiv(per, gc) <= 6
+    return dict(BN=bn, GC=gc, groups_per_split=per, SPLIT=split, PREFETCH=prefetch, num_warps=4, num_stages=3)
 
 
-def fold(n: int, k: int, m: int = 1, interpret: bool | None = None) -> dict:
+def configs(interpret: bool) -> list[dict]:
+    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
+    return tiles.sweep("single", lambda n, k, m: config(n, k, m, interpret))
+
+
+def _resolve(n, k, interpret, cfg) -> dict:
+    c = tiles.force("single", _config(n, k, common.INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
+    if cfg is not None:
+        tiles.splits("single", k // 128, c["groups_per_split"], c["SPLIT"])
+    return c
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
     """The FP32 order a config gives (for emulation): split s covers groups
     [s*per, min((s+1)*per, G)); in it lane c folds groups s*per + c, + c + lanes, ... ascending;
     lanes are summed pairwise ((l0+l1)+(l2+l3))+...; splits are summed ((p0+p1)+p2)+..."""
-    bn, gc, per, split, prefetch, warps, stages = config(n, k, interpret)
-    return dict(lanes=gc, groups_per_split=per, splits=split)
+    c = _resolve(n, k, interpret, config)
+    return dict(lanes=c["GC"], groups_per_split=c["groups_per_split"], splits=c["SPLIT"])
 
 
-def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
-        validate.kernel_args("single", x, w, out, dots)
-    m, k = x.shape
-    n = w.n
-    if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    out = validate.kernel_out("single", x, w, out, dots, check)
+    (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out
+    cfg = _resolve(n, k, None, config)
     q, xs, t = prepare.quantize_q8(x, order="plane")
     words = q[0].view(torch.int32)
-    bn, gc, per, split, prefetch, warps, stages = config(n, k)
+    bn, gc, per, split = cfg["BN"], cfg["GC"], cfg["groups_per_split"], cfg["SPLIT"]
     st = w.strides
     prepared = w.layout == "prepared"
     part = splitk.partials(x.device, split * n) if split > 1 else out
@@ -173,8 +183,8 @@ def run(x, w, *, out=None, dots=None, check=True):
         n, w.groups, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"], per,
         BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=triton.cdiv(per, gc), SPLIT=split,
-        PREFETCH=prefetch, PREPARED=prepared, WRITE_DOTS=write_dots,
-        INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
+        PREFETCH=cfg["PREFETCH"], PREPARED=prepared, WRITE_DOTS=write_dots,
+        INTERP=common.INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         splitk.reduce_splits(part, out, split, m, n)
     return out

@@ -9,12 +9,11 @@ reruns give identical bits.
 """
 import functools
 
-import torch
 import triton
 import triton.language as tl
 
 from . import common, prepare, splitk
-from pq2verify import validate
+from pq2verify import tiles, validate
 
 
 @triton.jit
@@ -52,11 +51,17 @@ def _small_gemm_kernel(x_ptr, x_sm, x_sk, w_ptr, w_sn, w_sk, out_ptr, out_sm, ou
         tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=mask)
 
 
-def config(n: int, k: int, interpret: bool | None = None):
-    """(BN, BK, K per split, SPLIT, num_warps, num_stages) from shapes only. The layer is tiny
+# A forced config (run/fold config=) is checked field by field (pq2verify.tiles); its splits
+# must cover K with none empty, and K per split be a multiple of BK.
+FIELDS = {"BN": tiles.pow2(16), "BK": tiles.pow2(16), "k_per_split": tiles.integer(1), "SPLIT": tiles.integer(1),
+          "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+
+
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{BN, BK, k_per_split, SPLIT, num_warps, num_stages} from shapes only. The layer is tiny
     (1 MB at 96 x 5120): a few dozen programs split its K, partials summed in fixed order.
     interpret: the interpreter's config or the GPU's (default: this process's)."""
-    return _config(n, k, common.INTERPRET if interpret is None else bool(interpret))
+    return dict(_config(n, k, common.INTERPRET if interpret is None else bool(interpret)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,32 +81,42 @@ def _config(n: int, k: int, interpret: bool):
     want = max(1, min(steps, want))
     per_steps = triton.cdiv(steps, want)
     split = triton.cdiv(steps, per_steps)
-    return bn, bk, per_steps * bk, split, 4, 3
+    return dict(BN=bn, BK=bk, k_per_split=per_steps * bk, SPLIT=split, num_warps=4, num_stages=3)
 
 
-def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+def configs(interpret: bool) -> list[dict]:
+    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
+    return tiles.sweep("small_gemm", lambda n, k, m: config(n, k, m, interpret))
+
+
+def _resolve(n, k, interpret, cfg) -> dict:
+    c = tiles.force("small_gemm", _config(n, k, common.INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
+    if cfg is not None:
+        tiles.multiple("small_gemm", "k_per_split", c["k_per_split"], "BK", c["BK"])
+        tiles.splits("small_gemm", k, c["k_per_split"], c["SPLIT"], "k_per_split", "columns of K")
+    return c
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
     """Split s covers K columns [s*kps, (s+1)*kps) (inside it the MMA's own fp32 order);
     splits are summed ((p0+p1)+p2)+... in fp32, then rounded once to x's dtype."""
-    bn, bk, kps, split, warps, stages = config(n, k, interpret)
-    return dict(k_per_split=kps, splits=split)
+    c = _resolve(n, k, interpret, config)
+    return dict(k_per_split=c["k_per_split"], splits=c["SPLIT"])
 
 
-def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
-        validate.kernel_args("small_gemm", x, w, out, dots)
-    m, k = x.shape
-    n = w.shape[0]
-    if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    out = validate.kernel_out("small_gemm", x, w, out, dots, check)
+    (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out
-    bn, bk, kps, split, warps, stages = config(n, k)
+    cfg = _resolve(n, k, None, config)
+    bn, bk, split = cfg["BN"], cfg["BK"], cfg["SPLIT"]
     part = splitk.partials(x.device, split * m * n) if split > 1 else out
     _small_gemm_kernel[(triton.cdiv(n, bn), split)](
         x, x.stride(0), x.stride(1), w, w.stride(0), w.stride(1),
         out, out.stride(0), out.stride(1), part,
-        m, n, k, BM=16, BN=bn, BK=bk, STEPS=kps // bk, SPLIT=split,
-        INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
+        m, n, k, BM=16, BN=bn, BK=bk, STEPS=cfg["k_per_split"] // bk, SPLIT=split,
+        INTERP=common.INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         splitk.reduce_splits(part, out, split, m, n)
     return out

@@ -16,12 +16,11 @@ value as the reduction).
 """
 import functools
 
-import torch
 import triton
 import triton.language as tl
 
 from . import common, prepare, splitk
-from pq2verify import validate
+from pq2verify import tiles, validate
 
 # --- the kernel --------------------------------------------------------------------------
 @triton.jit
@@ -106,13 +105,19 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
         tl.store(part_ptr + (pid_k * M + m_off) * N + n_off, acc, mask=mn & nn)
 
 
-def config(m_bucket: int, n: int, k: int, interpret: bool | None = None):
-    """(BN, groups per split, SPLIT, SWAP, UNROLL, num_warps, num_stages) from shapes only.
-    Decode is memory-bound: aim for ~1000+ programs so every SM has several tiles' loads in
-    flight, but keep the partial traffic (SPLIT*M*N*8 bytes) small next to the N*K/4 weight
-    bytes. Groups per split is a multiple of UNROLL (groups per loop trip).
+# A forced config (run/fold config=) is checked field by field (pq2verify.tiles); its splits
+# must cover the groups with none empty, and groups per split be a multiple of UNROLL.
+FIELDS = {"BN": tiles.pow2(16), "groups_per_split": tiles.integer(1), "SPLIT": tiles.integer(1),
+          "SWAP": tiles.flag, "UNROLL": tiles.integer(1), "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+
+
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{BN, groups_per_split, SPLIT, SWAP, UNROLL, num_warps, num_stages} from shapes only
+    (M bucketed to 8 or 16). Decode is memory-bound: aim for ~1000+ programs so every SM has
+    several tiles' loads in flight, but keep the partial traffic (SPLIT*M*N*8 bytes) small next
+    to the N*K/4 weight bytes. Groups per split is a multiple of UNROLL (groups per loop trip).
     interpret: the interpreter's config or the GPU's (default: this process's)."""
-    return _config(m_bucket, n, k, common.INTERPRET if interpret is None else bool(interpret))
+    return dict(_config(m_bucket(m), n, k, common.INTERPRET if interpret is None else bool(interpret)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,39 +127,51 @@ def _config(m_bucket: int, n: int, k: int, interpret: bool):
         # the interpreter pays per program: wide tiles, but still two splits (and an unrolled
         # body with a dead tail group when G is odd) to exercise them
         per, split = splitk.split_groups(groups, 2, 2)
-        return min(256, max(16, triton.next_power_of_2(n))), per, split, False, 2, 4, 1
+        return dict(BN=min(256, max(16, triton.next_power_of_2(n))), groups_per_split=per, SPLIT=split, SWAP=False,
+                    UNROLL=2, num_warps=4, num_stages=1)
     bn, unroll = 128, 1
-    tiles = triton.cdiv(n, bn)
+    tiles_n = triton.cdiv(n, bn)
     want = 1
-    while tiles * want < 1024 and groups // (2 * want) >= 4:
+    while tiles_n * want < 1024 and groups // (2 * want) >= 4:
         want *= 2
     per, split = splitk.split_groups(groups, want, unroll)
-    return bn, per, split, False, unroll, 4, 3
+    return dict(BN=bn, groups_per_split=per, SPLIT=split, SWAP=False, UNROLL=unroll, num_warps=4, num_stages=3)
 
 
 def m_bucket(m: int) -> int:
     return 16 if m > 8 else 8
 
 
-def fold(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+def configs(interpret: bool) -> list[dict]:
+    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
+    return tiles.sweep("small_mma", lambda n, k, m: config(n, k, m, interpret))
+
+
+def _resolve(n, k, m, interpret, cfg) -> dict:
+    c = tiles.force("small_mma", _config(m_bucket(m), n, k, common.INTERPRET if interpret is None else bool(interpret)),
+                    cfg, FIELDS)
+    if cfg is not None:
+        tiles.multiple("small_mma", "groups_per_split", c["groups_per_split"], "UNROLL", c["UNROLL"])
+        tiles.splits("small_mma", k // 128, c["groups_per_split"], c["SPLIT"])
+    return c
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
     """The FP32 order a config gives (for emulation): split s folds groups
     [s*per, min((s+1)*per, G)) ascending from 0.0; splits are summed ((p0+p1)+p2)+..."""
-    bn, per, split, swap, unroll, warps, stages = config(m_bucket(m), n, k, interpret)
-    return dict(groups_per_split=per, lanes=1, splits=split)
+    c = _resolve(n, k, m, interpret, config)
+    return dict(groups_per_split=c["groups_per_split"], lanes=1, splits=c["SPLIT"])
 
 
-def run(x, w, *, out=None, dots=None, check=True):
-    if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
-        validate.kernel_args("small_mma", x, w, out, dots)
-    m, k = x.shape
-    n = w.n
-    if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    out = validate.kernel_out("small_mma", x, w, out, dots, check)
+    (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out
+    cfg = _resolve(n, k, m, None, config)
     q, xs, t = prepare.quantize_q8(x, order="plane")
     groups = w.groups
-    bn, per, split, swap, unroll, warps, stages = config(m_bucket(m), n, k)
+    bn, per, split = cfg["BN"], cfg["groups_per_split"], cfg["SPLIT"]
     st = w.strides
     prepared = w.layout == "prepared"
     part = splitk.partials(x.device, split * m * n) if split > 1 else out
@@ -167,8 +184,8 @@ def run(x, w, *, out=None, dots=None, check=True):
         dd, ds[0], ds[1], ds[2],
         m, n, groups, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"],
-        BM=16, BN=bn, PER=per, SPLIT=split, SWAP=swap, UNROLL=unroll, PREPARED=prepared,
-        WRITE_DOTS=write_dots, INTERP=common.INTERPRET, num_warps=warps, num_stages=stages)
+        BM=16, BN=bn, PER=per, SPLIT=split, SWAP=cfg["SWAP"], UNROLL=cfg["UNROLL"], PREPARED=prepared,
+        WRITE_DOTS=write_dots, INTERP=common.INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         splitk.reduce_splits(part, out, split, m, n)
     return out

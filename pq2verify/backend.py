@@ -52,13 +52,25 @@ def name() -> str:
     return f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
 
 
-def golden_key() -> str:
-    """Folder name under golden/ for this backend: 'interpreter' or 'sm90' etc."""
+def key(dev=None) -> str:
+    """The one backend key, for kernel-set membership, golden folders and verified records:
+    'sm<major><minor>' for a CUDA device; for CPU tensors 'interpreter' where the kernels run
+    under Triton's interpreter and pq2_matmul uses them, else 'emulate' (the torch emulation).
+    dev: a torch.device or its name (default: this process's device)."""
     import torch
-    if device() == "cpu":
-        return "interpreter"
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm{major}{minor}"
+    d = torch.device(dev if dev is not None else device())
+    if d.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(d)
+        return f"sm{major}{minor}"
+    from kernels.common import INTERPRET
+    return "interpreter" if INTERPRET and _cpu_backend == "interpreter" else "emulate"
+
+
+def golden_key() -> str:
+    """Folder name under golden/ for this process's backend: key(), with 'emulate' read as
+    'interpreter' (the emulation keeps no captures of its own; it is judged against those)."""
+    k = key()
+    return "interpreter" if k == "emulate" else k
 
 
 def cpu_backend() -> str:

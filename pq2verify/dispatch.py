@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from . import kernelsets, registry
+from . import backend, kernelsets, registry
 from . import validate as _check
 from .weights import PQ2Weight
 
@@ -71,12 +71,8 @@ def validate_env() -> None:
 
 
 def backend_key(device: torch.device) -> str:
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return f"sm{major}{minor}"
-    from kernels.common import INTERPRET
-    from . import backend
-    return "interpreter" if INTERPRET and backend.cpu_backend() == "interpreter" else "emulate"
+    """The backend key of tensors on `device` (pq2verify.backend.key decides it)."""
+    return backend.key(device)
 
 
 def candidates(kset: str, weight_kind: str, key: str) -> list[registry.Path]:

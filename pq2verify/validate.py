@@ -132,6 +132,18 @@ def buffers(x, n: int, out=None, dots=None, *, groups: int | None = None, has_do
             raise ValueError(f"dots: on {dots.device} but x is on {x.device}")
 
 
+def kernel_out(path: str, x, w, out=None, dots=None, check: bool = True):
+    """What each kernel wrapper does first: its arguments checked (kernel_args; check=False where
+    pq2_matmul validated them already), then the output buffer: out, or a new [M, N] in x's
+    dtype."""
+    if check:
+        kernel_args(path, x, w, out, dots)
+    if out is not None:
+        return out
+    n = w.shape[0] if isinstance(w, torch.Tensor) else w.n
+    return torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+
+
 def kernel_args(path: str, x, w, out=None, dots=None) -> None:
     """What each kernel wrapper calls first: `validate.kernel_args("single", x, w, out, dots)`.
     Wrappers do not copy: x must already have unit stride along K."""

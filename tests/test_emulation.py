@@ -154,3 +154,18 @@ def test_kernel_fold_orders_follow_the_kernels():
     assert [lane for split in plan for lane in split] == [
         list(range(s, min(s + f["groups_per_split"], 12))) for s in range(0, 12, f["groups_per_split"])]
     assert E.kernel_plan("int_gemv", 8, w12) == [[list(range(12))]]
+
+
+def test_a_forced_config_sets_the_plan():
+    """kernel_plan and emulate follow a config forced as run(config=) takes it (fields left
+    out keep the chosen values), and refuse a bad one naming its field."""
+    w = weight(n=40, k=1024)                                  # 8 groups
+    cfg = {"GC": 2, "groups_per_split": 5, "SPLIT": 2}
+    assert E.kernel_plan("single", 1, w, config=cfg) == [[[0, 2, 4], [1, 3]], [[5, 7], [6]]]
+    cfg = {"groups_per_split": 3, "SPLIT": 3, "UNROLL": 1}
+    assert E.kernel_plan("small_mma", 4, w, config=cfg) == [[[0, 1, 2]], [[3, 4, 5]], [[6, 7]]]
+    x = gen.activations(1, 1024, 14)
+    with pytest.raises(ValueError, match=r"config field SPLIT=3: split 2 would be empty"):
+        E.emulate("single", x, w, config={"groups_per_split": 4, "SPLIT": 3})
+    with pytest.raises(ValueError, match=r"config field 'BM' unknown"):
+        E.emulate("single", x, w, config={"BM": 16})
