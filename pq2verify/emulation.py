@@ -8,8 +8,9 @@ interpreter is far too slow (a whole model on the CPU).
 - cublas, small_gemm: a dense matrix in x's dtype.
 
 The integer group dots are exact in FP32 (|dot| <= 127*128 < 2^24), so any GEMM with FP32
-output that sees integer inputs gives them bit for bit: an FP32 batched matmul by default;
-oneDNN's int8 GEMM with PQ2_EMULATE_GEMM=onednn where it passes a self-test.
+output that sees integer inputs gives them bit for bit: torch._int_mm's int8 GEMM by default
+where it passes a self-test (4x fewer weight bytes than FP32: decode is bound by them), else
+(or with PQ2_EMULATE_GEMM=fp32) an FP32 matmul; oneDNN's qlinear with PQ2_EMULATE_GEMM=onednn.
 
 Per-weight decoded tensors are cached in the PQ2Weight's own `_views` dict (never keyed by a
 data pointer, which can be reused after a free).
@@ -24,15 +25,16 @@ from .weights import BLOCK, PQ2Weight
 # fp32(1/127): the reciprocal multiply of SPEC §3.
 RCP127 = torch.tensor(0.007874015718698502, dtype=torch.float32)
 
-# Each path's FP32 order comes from its kernel file's `fold(n, k, m, interpret)` through
-# registry.Path.fold (the GPU's config by default, whatever this process's interpreter mode):
+# Each path's FP32 order comes from its kernel file's `fold(n, k, m, interpret, config)` through
+# registry.Path.fold (the GPU's config by default, whatever this process's interpreter mode; a
+# forced config where one is given):
 # splits over contiguous group ranges, in a split lane c of L lanes folds groups c, c+L, ...
 # ascending from 0.0, lanes summed by a pairwise tree ((l0+l1)+(l2+l3))+..., splits summed
 # ((p0+p1)+p2)+.... No path is named here: a new path with a fold needs no edit.
 # The kernels do not contract acc + dot*xs*ws into an FMA in the interpreter, but a GPU compiler
 # may: the emulation never does, so GPU bits may differ in the last place there.
 
-_GEMM = None   # "onednn" | "fp32", decided once by a self-test
+_GEMM = None   # "int_mm" | "onednn" | "fp32", decided once by a self-test
 
 
 def quantize_q8(x: torch.Tensor):
@@ -129,16 +131,33 @@ def _dots_fp32(q, w):
     return torch.stack([f(g) for g in range(w.groups)])
 
 
+def _dots_int_mm(q, w):
+    """Exact group dots FP32 [G, M, N]: torch._int_mm (s8 x s8 -> s32) per group on int8 codes
+    [G, 128, N] cached on the weight."""
+    ct = w._views.get("emu_codes_i8_t")
+    if ct is None:
+        ct = _signed_codes(w).reshape(w.n, w.groups, BLOCK).permute(1, 2, 0).contiguous().unbind(0)
+        w._views["emu_codes_i8_t"] = ct
+    out = torch.empty(w.groups, q.shape[0], w.n, dtype=torch.int32)
+    # unbind: every group's view in one call (decode runs thousands of these per token)
+    for a, b, o in zip(q.to(torch.int8).reshape(q.shape[0], w.groups, BLOCK).unbind(1), ct, out.unbind(0)):
+        torch._int_mm(a, b, out=o)
+    return out.to(torch.float32)
+
+
+_DOTS = {"int_mm": _dots_int_mm, "onednn": _dots_onednn, "fp32": _dots_fp32}
+
+
 def _self_test() -> str:
-    """Pick the GEMM: the FP32 matmul of integer values (exact, |dot| < 2^24) unless
-    PQ2_EMULATE_GEMM=onednn asks for oneDNN's int8 GEMM, which is then used only if it reproduces
-    the FP32 integer dots exactly on extreme values (some int8 GEMMs saturate 16-bit
-    intermediates without VNNI). Not the default: on torch 2.13's oneDNN it falls back to a
-    reference kernel 300-600x slower than the FP32 matmul (2026-11-30, this project's CPU)."""
-    forced = os.environ.get("PQ2_EMULATE_GEMM", "").strip().lower()
-    if forced != "onednn":
+    """Pick the GEMM: torch._int_mm unless PQ2_EMULATE_GEMM names another (fp32 | onednn); an
+    int8 GEMM is used only if it reproduces the FP32 integer dots exactly on extreme values (some
+    int8 GEMMs saturate 16-bit intermediates without VNNI), else the FP32 matmul of integer
+    values (exact, |dot| < 2^24). oneDNN's qlinear is not the default: on torch 2.13 it falls back
+    to a reference kernel 300-600x slower than the FP32 matmul (2026-11-30, this project's CPU)."""
+    forced = os.environ.get("PQ2_EMULATE_GEMM", "").strip().lower() or "int_mm"
+    if forced not in ("int_mm", "onednn"):
         return "fp32"
-    if not _onednn_available():
+    if forced == "onednn" and not _onednn_available():
         return "fp32"
     try:
         g = torch.Generator().manual_seed(0)
@@ -151,8 +170,8 @@ def _self_test() -> str:
         w = PQ2Weight.from_raw(torch.cat([scales, packed], 2).reshape(n, -1))
         q = torch.randint(-127, 128, (8, k), generator=g).to(torch.float32)
         q[0], q[1] = 127, -127
-        ok = torch.equal(_dots_onednn(q, w), _dots_fp32(q, w))
-        return "onednn" if ok else "fp32"
+        ok = torch.equal(_DOTS[forced](q, w), _dots_fp32(q, w))
+        return forced if ok else "fp32"
     except Exception:
         return "fp32"
 
@@ -164,20 +183,17 @@ def gemm_kind() -> str:
     return _GEMM
 
 
-def _dot_fn(q, w):
-    return _dot_onednn(q, w) if gemm_kind() == "onednn" else _dot_fp32(q, w)
-
-
 def group_dots(q: torch.Tensor, w: PQ2Weight) -> torch.Tensor:
     """Exact integer group dots as FP32 [G, M, N] for integer-valued q [M, K]."""
-    f = _dot_fn(q, w)
-    return torch.stack([f(g) for g in range(w.groups)])
+    return _DOTS[gemm_kind()](q, w)
 
 
-def kernel_plan(path_name: str, m: int, w: PQ2Weight, *, interpret: bool = False) -> list[list[list[int]]]:
-    """The path's FP32 order as splits -> lanes -> groups (registry.Path.fold)."""
+def kernel_plan(path_name: str, m: int, w: PQ2Weight, *, interpret: bool = False,
+                config: dict | None = None) -> list[list[list[int]]]:
+    """The path's FP32 order as splits -> lanes -> groups (registry.Path.fold), for the config
+    its kernel picks or for `config` forced."""
     G = w.groups
-    f = registry.get(path_name).fold(w.n, w.k, m, interpret=interpret)
+    f = registry.get(path_name).fold(w.n, w.k, m, interpret=interpret, config=config)
     per, lanes = f["groups_per_split"], f.get("lanes", 1)
     plan = []
     for s0 in range(0, G, per):
@@ -214,21 +230,21 @@ def _fold(term, plan, rows: int, n: int) -> torch.Tensor:
 
 
 def _integer_rows(q, xs, w, ws, plan) -> torch.Tensor:
-    dot = _dot_fn(q, w)
     # The kernels' expression acc + dot * xs * ws: (dot * xs) * ws, then the add, each rounded
-    # to FP32.
-    return _fold(lambda g: dot(g).mul_(xs[g]).mul_(ws[g]), plan, q.shape[0], w.n)
+    # to FP32 (elementwise, so all groups' terms at once give the same bits as one at a time).
+    t = group_dots(q, w).mul_(xs).mul_(ws.unsqueeze(1))
+    return _fold(lambda g: t[g], plan, q.shape[0], w.n)
 
 
 def integer(path_name: str, x: torch.Tensor, w: PQ2Weight, *, out_dtype=None,
-            interpret: bool = False) -> torch.Tensor:
+            interpret: bool = False, config: dict | None = None) -> torch.Tensor:
     """The integer paths: y = sum_g dot_g * xs * ws in FP32 in the path's fold order.
     Rows are independent (per-row Q8, per-row sums), so blocks of rows change no bit."""
     q, xs = quantize_q8(x)
     xs = xs.t().contiguous().unsqueeze(2)                   # [G, M, 1]
     ws = _scales_t(w)                                       # [G, N]
     m = x.shape[0]
-    plan = kernel_plan(path_name, m, w, interpret=interpret)
+    plan = kernel_plan(path_name, m, w, interpret=interpret, config=config)
     dtype = out_dtype or x.dtype
     if m <= ROW_CHUNK:
         return _integer_rows(q, xs, w, ws, plan).to(dtype)
@@ -238,7 +254,8 @@ def integer(path_name: str, x: torch.Tensor, w: PQ2Weight, *, out_dtype=None,
     return out
 
 
-def floating(path_name: str, x: torch.Tensor, w: PQ2Weight, *, interpret: bool = False) -> torch.Tensor:
+def floating(path_name: str, x: torch.Tensor, w: PQ2Weight, *, interpret: bool = False,
+             config: dict | None = None) -> torch.Tensor:
     """Floating PQ2 paths (kernels/native.py): per 128-group an FP32 dot of x with the decoded
     ternary values (code - 1), times the fp16 scale as fp32, folded in the path's order.
     (The order inside one group's dot is the MMA's own; here it is the CPU GEMM's.)"""
@@ -248,14 +265,15 @@ def floating(path_name: str, x: torch.Tensor, w: PQ2Weight, *, interpret: bool =
         w._views["emu_codes_f32"] = cf                              # [G, 128, N]
     ws = _scales_t(w)
     xg = x.to(torch.float32).reshape(x.shape[0], w.groups, BLOCK)
-    plan = kernel_plan(path_name, x.shape[0], w, interpret=interpret)
+    plan = kernel_plan(path_name, x.shape[0], w, interpret=interpret, config=config)
     return _fold(lambda g: (xg[:, g] @ cf[g]).mul_(ws[g]), plan, x.shape[0], w.n).to(x.dtype)
 
 
-def dense(path_name: str, x: torch.Tensor, w: torch.Tensor, *, interpret: bool = False) -> torch.Tensor:
+def dense(path_name: str, x: torch.Tensor, w: torch.Tensor, *, interpret: bool = False,
+          config: dict | None = None) -> torch.Tensor:
     """Dense paths: the library's own product where the path's fold is None, else FP32
     partials over its K splits, added in order, one final rounding."""
-    f = registry.get(path_name).fold(w.shape[0], x.shape[1], x.shape[0], interpret=interpret)
+    f = registry.get(path_name).fold(w.shape[0], x.shape[1], x.shape[0], interpret=interpret, config=config)
     if f is None:
         return torch.matmul(x, w.t())
     k, step = x.shape[1], f["k_per_split"]
@@ -267,20 +285,22 @@ def dense(path_name: str, x: torch.Tensor, w: torch.Tensor, *, interpret: bool =
     return acc.to(x.dtype)
 
 
-def emulate(path_name: str, x: torch.Tensor, w, *, interpret: bool = False) -> torch.Tensor:
+def emulate(path_name: str, x: torch.Tensor, w, *, interpret: bool = False,
+            config: dict | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (bf16/fp16, CPU) through the named path's arithmetic,
-    in the fold order of the config its kernel picks on the GPU (or on the interpreter)."""
+    in the fold order of the config its kernel picks on the GPU (or on the interpreter), or of
+    `config` forced as `run(..., config=)` takes it (a bad one is a ValueError naming the field)."""
     p = registry.get(path_name)
     if x.dim() != 2:
         raise ValueError(f"x: expected [M, K], got shape {tuple(x.shape)}")
     if p.weight == "dense":
         if not isinstance(w, torch.Tensor):
             raise TypeError(f"path {path_name!r} takes a dense weight")
-        return dense(path_name, x, w, interpret=interpret)
+        return dense(path_name, x, w, interpret=interpret, config=config)
     if not isinstance(w, PQ2Weight):
         raise TypeError(f"path {path_name!r} takes a PQ2Weight")
     if x.shape[0] == 0:
         return x.new_empty(0, w.n)
     if p.arithmetic == "floating":
-        return floating(path_name, x, w, interpret=interpret)
-    return integer(path_name, x, w, interpret=interpret)
+        return floating(path_name, x, w, interpret=interpret, config=config)
+    return integer(path_name, x, w, interpret=interpret, config=config)

@@ -65,6 +65,12 @@ def run(model, out, *extra):
                      "--max-new-tokens", "6", "--digits", "2", "--threads", "1", "--out", str(out), *extra])
 
 
+def path_at(spec: str, m: int) -> str:
+    """The path a kernel spec resolves to at M (the registry's, whatever paths it holds now)."""
+    from pq2verify.gsm8k import execute, runs
+    return execute.signature(runs.parse_spec(spec), (), "cpu", torch.bfloat16)(m)[0]
+
+
 def lines(run_dir: Path):
     return [json.loads(x) for x in (run_dir / "generations.jsonl").read_text().splitlines()]
 
@@ -84,14 +90,15 @@ def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
     assert rep["backend"] == "emulate" and rep["data"]["n"] == 5
     a, b, f, a2 = rep["runs"]
     assert f["trace"].keys() == a["trace"].keys() and f["fold_reversed_m"] == "1-16"    # the floor: A reordered
-    assert a["teacher_trace"]["b"].keys() == {"single", "small_mma"}      # B scored on A's tokens at A's Ms
+    dec1, dec2 = path_at("tuned", 1), path_at("tuned", 2)                 # B's decode paths (M 1, 2)
+    assert a["teacher_trace"]["b"].keys() == {dec1, dec2}                 # B scored on A's tokens at A's Ms
     assert rep["teacher"]["b"]["tokens"] == a["summary"]["tokens"] and rep["verdict"]["verdict"]
     # batches of 2, 2, 1: decode M in {1, 2}; the question prefill M > 16
     assert set(a["trace"]) == {"int_gemv", "mmq"}
-    prefill = set(b["trace"]) - {"single", "small_mma"}      # mmq_planes, or mmq while it is deselected
-    assert {"single", "small_mma"} <= set(b["trace"]) and len(prefill) == 1 and prefill <= {"mmq", "mmq_planes"}
+    prefill = set(b["trace"]) - {dec1, dec2}                 # mmq_planes, or mmq while it is deselected
+    assert {dec1, dec2} <= set(b["trace"]) and len(prefill) == 1 and prefill <= {"mmq", "mmq_planes"}
     ms = {k: {int(m) for m in v} for k, v in b["m_calls"].items()}       # JSON keys are strings
-    assert ms["single"] == {1} and ms["small_mma"] == {2} and min(ms[prefill.pop()]) > 16
+    assert ms[dec1] == {1} and ms[dec2] == {2} and min(ms[prefill.pop()]) > 16
     for r in (a, b, f, a2):
         recs = lines(Path(r["dir"]))
         assert sorted(x["id"] for x in recs) == rep["data"]["ids"]
@@ -120,9 +127,10 @@ def test_resume_after_interrupt_no_loss_no_duplicates(tiny_model, tmp_path, cpu_
     count = {"n": 0}
 
     def crashing(self, rec):
-        if count["n"] == 3:
-            raise KeyboardInterrupt          # Ctrl-C in the middle of run A
-        count["n"] += 1
+        if self.path.name.startswith("a-"):  # the runs go batch by batch: count run A's lines only
+            if count["n"] == 3:
+                raise KeyboardInterrupt      # Ctrl-C in the middle of run A
+            count["n"] += 1
         return real(self, rec)
 
     monkeypatch.setattr(runs.RunDir, "append", crashing)
@@ -210,7 +218,9 @@ def test_a_failing_worker_is_reported(tiny_model, tmp_path, cpu_env, capsys):
 
 
 def test_switch_proof_fails_fast_when_paths_are_the_same(tiny_model, tmp_path, cpu_env, capsys):
-    rc = run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned,single=off,small_mma=off,mmq_planes=off")
+    from pq2verify import registry
+    off = ",".join(f"{p.name}=off" for p in registry.paths(kset="tuned"))     # every tuned path
+    rc = run(tiny_model, tmp_path, "--a", "legacy", "--b", f"tuned,{off}")
     assert rc == 3
     assert "SWITCH PROOF FAILED" in capsys.readouterr().err
     assert not (tmp_path / "report.json").exists()

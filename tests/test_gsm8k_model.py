@@ -129,3 +129,19 @@ def test_model_id_follows_the_content_not_file_times(tmp_path):
     assert model_id(str(g)) == a
     f.write_bytes(b"weights" * 999 + b"Weights")
     assert model_id(str(f)) != a
+
+
+@pytest.mark.parametrize("digits", [1, 2, 4])
+def test_the_weights_input_is_x_at_each_groups_columns(digits):
+    """[x | x | ...] by a tiled copy, and the reversed fold's permuted copy, are x's columns of
+    each K position (digit t's group j reads x's group j; reversed, position i holds T*G-1-i)."""
+    from pq2verify.weights import PQ2Weight
+    kp, g = 384, 3
+    w = PQ2Weight.from_prepared(torch.zeros(2 * digits * kp // 4 + 2 * digits * g * 2, dtype=torch.uint8),
+                                2, digits * kp)
+    st = mdl._Stack(w, digits, [2], kp, mdl.Usage())
+    x = torch.arange(5 * kp, dtype=torch.float32).reshape(5, kp)            # every value distinct
+    order = torch.arange(digits * g)
+    for rev, groups in ((False, order % g), (True, order.flip(0) % g)):
+        cols = (groups.view(-1, 1) * 128 + torch.arange(128)).reshape(-1)
+        assert torch.equal(st.columns(x, rev), x[:, cols]), (digits, rev)

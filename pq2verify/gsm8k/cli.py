@@ -10,6 +10,11 @@ Exit status: 0 done; 1 more answers differ than --max-diff; 2 bad arguments or i
 On a GPU the runs (A, B, and the A/A control) are generated at once, each in its own process
 (--jobs): decode there is bound by kernel launches on the host, not by the GPU. Each run is
 still exactly its own function: batches and their Ms do not depend on the other runs.
+Runs in one process (the CPU default, --jobs 1) go batch by batch and copy each other's
+prefills wherever their paths and fold order at that M are the same (bit for bit what they
+would compute; the copied calls still count in their traces). The report gives each run's
+seconds per phase (prefix, prefill, decode, teacher:<run>, host) and the wall time;
+tools/gsm8k_profile.py adds a cProfile of a small run.
 
 Defaults, chosen so that the CPU A/B of 128 questions fits the 20-minute budget: 2 few-shot
 examples (train ids 0, 1), at most 128 new tokens, batch 16. M per call: the shared few-shot
@@ -143,6 +148,7 @@ def main(args) -> int:
 
 
 def _main(args) -> int:
+    t_start = time.perf_counter()
     from .. import backend
     device = backend.device()
     if device == "cpu":
@@ -201,7 +207,7 @@ def _main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     from . import floor
-    from .execute import Run, execute, todo
+    from .execute import Run, execute, execute_all, todo
     # A generates; B and the floor F free-run too, and are scored teacher-forced on A's tokens.
     fold = floor.fold_ranges(spec_a, spec_b, device, dtype) if args.floor else ()
     others = (Run("b", spec_b),) + ((Run("f", spec_a, fold=fold),) if args.floor else ())
@@ -213,18 +219,22 @@ def _main(args) -> int:
         name = spec_text(run.spec).replace(',', '_').replace('=', '-') + ("_reversed" if run.fold else "")
         return RunDir(out, f"{run.label}-{name}", cfg)
 
-    gen = generate.Generator(conv.model, tok, max_new_tokens=args.max_new_tokens,
-                             stops=data.stop_sequences(fmt), top_k=args.top_k)
+    def new_gen(**share):
+        return generate.Generator(conv.model, tok, max_new_tokens=args.max_new_tokens,
+                                  stops=data.stop_sequences(fmt), top_k=args.top_k, **share)
     if args.run_only:
         mine = [e for e in plan if e.label == args.run_only]
         if not mine:
             raise ValueError(f"--run-only {args.run_only}: no such run in {[e.label for e in plan]}")
-        execute(mine[0], rundir(mine[0]), gen, conv, batches, tok_ids, prompts, golds, prefix_len)
+        execute(mine[0], rundir(mine[0]), new_gen, conv, batches, tok_ids, prompts, golds, prefix_len)
         return 0
     jobs = args.jobs or (3 if device == "cuda" else 1)
     pending = [e.label for e in plan if todo(rundir(e), batches)]
     workers = {label: _spawn(args, device, out, label, i + 1) for i, label in enumerate(pending[1:jobs])}
-    runs = []
+    # the runs of this process, batch by batch (they share prefills); then each worker's, read back
+    local = [e for e in plan if e.label not in workers]
+    done = dict(zip([e.label for e in local], execute_all(
+        [(e, rundir(e)) for e in local], new_gen, conv, batches, tok_ids, prompts, golds, prefix_len)))
     for run in plan:
         label, spec = run.label, run.spec
         if label in workers:
@@ -235,7 +245,8 @@ def _main(args) -> int:
                 print(f"pq2verify gsm8k: run {label} ({spec_text(spec)}) failed in its worker process (exit "
                       f"{rc}); its generations so far are kept: rerun the same command to resume", file=sys.stderr)
                 return EXIT_RUN
-        runs.append(execute(run, rundir(run), gen, conv, batches, tok_ids, prompts, golds, prefix_len))
+            done[label] = execute(run, rundir(run), new_gen, conv, batches, tok_ids, prompts, golds, prefix_len)
+    runs = [done[e.label] for e in plan]
 
     decode = lambda t: tok.decode(t, skip_special_tokens=False)   # noqa: E731
     by = {r["label"]: r for r in runs}
@@ -271,7 +282,7 @@ def _main(args) -> int:
         "runs": [{k: v for k, v in r.items() if k != "recs"} for r in runs],
         "compare": cmp, "control": ctrl, "floor": fl, "teacher": tf, "verdict": floor.verdict(tf.get("b"), tf.get("f")),
         "switch_ok": switch_ok, "errors": errors,
-        "max_diff": args.max_diff,
+        "max_diff": args.max_diff, "wall_seconds": round(time.perf_counter() - t_start, 2),
     }
     (out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
     md = report.markdown(rep)

@@ -8,6 +8,11 @@ no entry for it, and the resumed session replays exactly the batches without one
 batch, hence the same M and the same bits; its already written questions are not appended
 again) and writes their entries. The shared prefix is prefilled again by every session, and its
 entry is replaced, not added to. So a resumed run's totals equal an uninterrupted run's.
+
+Runs of one process go batch by batch (execute_all): each batch under A (with its followers),
+then B, F, ...; a prefill with the same arithmetic is computed once and copied (its calls are
+counted in each run's totals, and in the ledger's `copied`). Each entry also has its seconds per
+phase (generate.Generator.phases).
 """
 import os
 import sys
@@ -49,24 +54,25 @@ def configured(conv, spec: dict, fold: tuple, calls: Counter):
         u.calls, u.reverse = saved
 
 
-def _same_arithmetic(conv, leader: Run, follower: Run):
-    """M -> whether the follower's calls at M take the leader's path in the leader's fold order."""
+def signature(spec: dict, fold: tuple, dev, dtype):
+    """M -> (path, folds reversed) of a run's calls at M: two runs whose signatures agree at every
+    M of a forward compute it bit for bit alike (memoized per M)."""
     import torch
     from .. import dispatch
     from ..weights import PQ2Weight
+    from .model import Usage
     from .runs import EnvSwitch, spec_env
-    dev, dtype = conv.model.device, conv.model.dtype
     w = PQ2Weight.from_prepared(torch.zeros(128 // 4 + 2, dtype=torch.uint8), 1, 128).to(dev)
+    rev = Usage(reverse=tuple(fold))
+    seen = {}
 
-    def path(spec, m):
-        with EnvSwitch(spec_env(spec)):
-            return dispatch.resolve(m, w, torch.empty(m, 128, dtype=dtype, device=dev), dispatch.kernel_set()).name
-
-    def same(m: int) -> bool:
-        u = type(conv.usage)
-        return (path(leader.spec, m) == path(follower.spec, m)
-                and u(reverse=leader.fold).reverses(m) == u(reverse=follower.fold).reverses(m))
-    return same
+    def sig(m: int) -> tuple:
+        if m not in seen:
+            with EnvSwitch(spec_env(spec)):
+                x = torch.empty(m, 128, dtype=dtype, device=dev)
+                seen[m] = (dispatch.resolve(m, w, x, dispatch.kernel_set()).name, rev.reverses(m))
+        return seen[m]
+    return sig
 
 
 def _pairs(c: Counter) -> list:
@@ -89,71 +95,131 @@ def totals(ledger: dict) -> dict:
         for f, pairs in e.get("followers", {}).items():
             for name, m, n in pairs:
                 fcalls.setdefault(f, Counter())[(name, m)] += n
+    phases = Counter()
+    for e in entries:
+        phases.update(e.get("phases", {}))
     return {"calls": calls, "follower_calls": fcalls, "tokens": sum(e.get("tokens", 0) for e in entries),
-            "seconds": sum(e["seconds"] for e in entries)}
+            "seconds": sum(e["seconds"] for e in entries), "phases": phases,
+            "copied": sum(e.get("copied", 0) for e in entries)}
 
 
-def execute(run: Run, rd, gen, conv, batches, tok_ids, prompts, golds, prefix_len) -> dict:
+def execute(run: Run, rd, new_gen, conv, batches, tok_ids, prompts, golds, prefix_len) -> dict:
     """Generate what the run lacks; return its records, trace and totals."""
-    from . import data, extract, generate
-    from .report import summarize
-    from .runs import spec_text
+    return execute_all([(run, rd)], new_gen, conv, batches, tok_ids, prompts, golds, prefix_len)[0]
 
-    left = todo(rd, batches)
-    pre = len(rd.done)
-    n_left = sum(1 for b in left for q in b if q not in rd.done)
-    ledger = rd.read_json(LEDGER, {"prefix": None, "batches": {}})
-    tokens0 = gen.tokens_out
-    t0 = time.perf_counter()
-    bar = _bar(n_left, f"{run.label} {spec_text(run.spec)}")
 
-    def done(res: generate.Result):
-        sc = extract.score(res.text, golds[res.qid])
-        rec = {"id": res.qid, "prompt_hash": data.prompt_hash(prompts[res.qid]), "tokens": res.tokens,
-               "text": res.text, "stop": res.stop, "gold": golds[res.qid], **sc, "topk": res.topk,
+def execute_all(runs, new_gen, conv, batches, tok_ids, prompts, golds, prefix_len) -> list[dict]:
+    """Several runs [(Run, RunDir)] in one process, batch by batch (each run's batch in turn):
+    a prefill that a later run would compute with the same arithmetic (same path and fold order
+    at its M) is copied from the first (generate.PrefillMemo), and held only while its batch is
+    under way. Each run's generations, ledger and results are what it would have alone."""
+    from . import generate
+    memo = generate.PrefillMemo() if len(runs) > 1 else None
+    base = int(os.environ.get("PQ2VERIFY_BAR_POSITION", "0"))
+    ex = [_Runner(run, rd, new_gen, conv, tok_ids, prompts, golds, prefix_len, batches, memo, base + i)
+          for i, (run, rd) in enumerate(runs)]
+    for b in batches:
+        for r in ex:
+            r.batch(b)
+    return [r.result(batches) for r in ex]
+
+
+class _Runner:
+    """One run, batch by batch: its generator (its own prefix caches and followers), call
+    counters, ledger and progress bar."""
+
+    def __init__(self, run, rd, new_gen, conv, tok_ids, prompts, golds, prefix_len, batches, memo, position):
+        from . import generate
+        from .runs import spec_text
+        self.run, self.rd, self.conv = run, rd, conv
+        self.tok_ids, self.prompts, self.golds, self.prefix_len = tok_ids, prompts, golds, prefix_len
+        self.left = {batch_key(b) for b in todo(rd, batches)}
+        self.pre = len(rd.done)
+        self.ledger = rd.read_json(LEDGER, {"prefix": None, "batches": {}})
+        self.calls = Counter()
+        self.fcalls = {f.label: Counter() for f in run.followers}
+        dev, dtype = conv.model.device, conv.model.dtype
+        lead = signature(run.spec, run.fold, dev, dtype)
+        self.gen = new_gen(memo=memo, sig=lead, usage=conv.usage)
+        self.followers = []
+        for f in run.followers:
+            fs = signature(f.spec, f.fold, dev, dtype)
+            self.followers.append(generate.Follower(
+                f.label, lambda f=f: configured(conv, f.spec, f.fold, self.fcalls[f.label]),
+                same=lambda m, fs=fs: lead(m) == fs(m), sig=fs))
+        self.started = False
+        n_left = sum(1 for b in batches if batch_key(b) in self.left for q in b if q not in rd.done)
+        self.bar = _bar(n_left, f"{run.label} {spec_text(run.spec)}", position)
+        self.t0 = None
+
+    def _done(self, res) -> None:
+        from . import data, extract
+        sc = extract.score(res.text, self.golds[res.qid])
+        rec = {"id": res.qid, "prompt_hash": data.prompt_hash(self.prompts[res.qid]), "tokens": res.tokens,
+               "text": res.text, "stop": res.stop, "gold": self.golds[res.qid], **sc, "topk": res.topk,
                "decode_m": res.decode_m}
         if res.teacher:
             rec["teacher"] = res.teacher
-        if rd.append(rec):
-            bar.update(1)
-            bar.set_postfix_str(f"{(gen.tokens_out - tokens0) / max(time.perf_counter() - t0, 1e-9):.1f} tok/s")
+        if self.rd.append(rec):
+            self.bar.update(1)
+            rate = self.gen.tokens_out / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"{rate:.1f} tok/s")
 
-    calls = Counter()
-    fcalls = {f.label: Counter() for f in run.followers}
-    followers = [generate.Follower(f.label, lambda f=f: configured(conv, f.spec, f.fold, fcalls[f.label]),
-                                   same=_same_arithmetic(conv, run, f)) for f in run.followers]
-    with configured(conv, run.spec, run.fold, calls):
-        if left:
-            s0 = time.perf_counter()
-            gen.set_prefix(tok_ids[left[0][0]][:prefix_len], followers)
-            ledger["prefix"] = {"calls": _pairs(calls), "seconds": time.perf_counter() - s0,
-                                "followers": {k: _pairs(v) for k, v in fcalls.items()}}
-        for b in left:
+    def batch(self, b: list[int]) -> None:
+        from . import generate
+        if batch_key(b) not in self.left:
+            return
+        gen, calls, fcalls, ledger = self.gen, self.calls, self.fcalls, self.ledger
+        with configured(self.conv, self.run.spec, self.run.fold, calls):
+            if not self.started:
+                self.started, self.t0 = True, time.perf_counter()
+                mark = self._mark()
+                gen.set_prefix(self.tok_ids[b[0]][:self.prefix_len], self.followers)
+                ledger["prefix"] = {"calls": _pairs(calls), "followers": {k: _pairs(v) for k, v in fcalls.items()},
+                                    **self._since(mark)}
             calls.clear()
             for c in fcalls.values():
                 c.clear()
-            secs, toks = gen.seconds, gen.tokens_out
-            gen.run_batch([generate.Request(q, tok_ids[q]) for q in b], done)
+            mark, toks = self._mark(), gen.tokens_out
+            gen.run_batch([generate.Request(q, self.tok_ids[q]) for q in b], self._done)
             ledger["batches"][batch_key(b)] = {
-                "calls": _pairs(calls), "tokens": gen.tokens_out - toks, "seconds": gen.seconds - secs,
-                "followers": {k: _pairs(v) for k, v in fcalls.items()}}
-            rd.write_json(LEDGER, ledger)      # after the batch's questions: a crash between replays it
-    bar.close()
-    tot = totals(ledger)
-    recs = {q: rd.done[q] for b in batches for q in b if q in rd.done}
-    paths = Counter()
-    m_seen = {}
-    for (name, m), n in tot["calls"].items():
-        paths[name] += n
-        m_seen.setdefault(name, Counter())[m] += n
-    secs, toks = tot["seconds"], tot["tokens"]
-    return {"label": run.label, "spec": spec_text(run.spec), "fold_reversed_m": _text_ranges(run.fold),
-            "dir": str(rd.path), "recs": recs, "summary": summarize(recs), "trace": dict(paths),
-            "m_seen": {k: _ranges(v) for k, v in sorted(m_seen.items())},
-            "m_calls": {k: dict(sorted(v.items())) for k, v in sorted(m_seen.items())},
-            "teacher_trace": {f: dict(sorted(_by_path(c).items())) for f, c in tot["follower_calls"].items()},
-            "seconds": round(secs, 2), "tokens": toks, "tok_per_s": round(toks / secs, 2) if secs else None,
-            "resumed_from_earlier": pre}
+                "calls": _pairs(calls), "tokens": gen.tokens_out - toks,
+                "followers": {k: _pairs(v) for k, v in fcalls.items()}, **self._since(mark)}
+            self.rd.write_json(LEDGER, ledger)   # after the batch's questions: a crash between replays it
+
+    def _mark(self):
+        g = self.gen
+        return time.perf_counter(), Counter(g.phases), sum(g.memo.copied.values()) if g.memo else 0
+
+    def _since(self, mark) -> dict:
+        """Ledger fields since mark: seconds, seconds per phase, calls copied from another run."""
+        t0, ph, copied = mark
+        g = self.gen
+        return {"seconds": time.perf_counter() - t0,
+                "phases": {k: round(v - ph[k], 4) for k, v in g.phases.items() if v - ph[k] > 0},
+                "copied": (sum(g.memo.copied.values()) - copied) if g.memo else 0}
+
+    def result(self, batches) -> dict:
+        from .report import summarize
+        from .runs import spec_text
+        run, rd = self.run, self.rd
+        self.bar.close()
+        tot = totals(self.ledger)
+        recs = {q: rd.done[q] for b in batches for q in b if q in rd.done}
+        paths = Counter()
+        m_seen = {}
+        for (name, m), n in tot["calls"].items():
+            paths[name] += n
+            m_seen.setdefault(name, Counter())[m] += n
+        secs, toks = tot["seconds"], tot["tokens"]
+        return {"label": run.label, "spec": spec_text(run.spec), "fold_reversed_m": _text_ranges(run.fold),
+                "dir": str(rd.path), "recs": recs, "summary": summarize(recs), "trace": dict(paths),
+                "m_seen": {k: _ranges(v) for k, v in sorted(m_seen.items())},
+                "m_calls": {k: dict(sorted(v.items())) for k, v in sorted(m_seen.items())},
+                "teacher_trace": {f: dict(sorted(_by_path(c).items())) for f, c in tot["follower_calls"].items()},
+                "seconds": round(secs, 2), "tokens": toks, "tok_per_s": round(toks / secs, 2) if secs else None,
+                "phases": {k: round(v, 2) for k, v in sorted(tot["phases"].items())},
+                "copied_calls": tot["copied"], "resumed_from_earlier": self.pre}
 
 
 def _by_path(c: Counter) -> Counter:
@@ -184,11 +250,10 @@ def _ranges(c: Counter) -> str:
     return ", ".join(out)
 
 
-def _bar(total, desc):
+def _bar(total, desc, position):
     try:
         from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True,
-                    position=int(os.environ.get("PQ2VERIFY_BAR_POSITION", "0")))
+        return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True, position=position)
     except ImportError:
         class _No:
             def update(self, n): pass

@@ -10,6 +10,13 @@ Speed without changing any row's function:
   decode M therefore depends on when its batch-mates stop; each result records its Ms
   (`decode_m`) so that a comparison can tell a kernel difference from a batch-mate's.
 - Text is decoded incrementally (a few tokens per step, not the whole generation).
+- Runs of one session share prefills through a PrefillMemo: a prefill is computed once and
+  copied by every run (or follower) whose projections at that M take the same path in the same
+  fold order (`sig`), which is bit for bit what it would compute; the copier's call counter gets
+  the calls that made it, so its trace reads as if it had computed them.
+Phase seconds (Generator.phases): prefix, prefill, decode, teacher:<name>, host (sampling, text,
+bookkeeping). PQ2VERIFY_PHASE_SYNC=1 synchronizes the GPU after each forward so that they are
+exact there (else a forward's time may show up in the next phase that waits for the GPU).
 Greedy: argmax of the FP32 logits (ties go to the lowest token id, torch.argmax's rule).
 Top-k log-probabilities are kept as the float32 values themselves (exact in JSON), so two
 runs' first numeric difference is found however small.
@@ -20,8 +27,11 @@ M every step. Per step and row they record KL(leader || follower) over the whole
 whether their argmax is the leader's token, and their log-probabilities of the leader's top-k.
 """
 import copy
+import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -53,8 +63,28 @@ class Follower:
     name: str
     switch: Callable[[], Any]
     same: Callable[[int], bool] = lambda m: False
+    sig: Callable[[int], Any] | None = None      # its arithmetic at M, for the PrefillMemo
     prefix_cache: Any = None
     shared_prefix: bool = False
+
+
+class PrefillMemo:
+    """Prefills shared by the runs of one session, keyed by the tokens and the arithmetic (sig)
+    of every call that made them. Holds each prefix and the latest batch's prefills only."""
+
+    def __init__(self):
+        self.entries: dict = {}
+        self.batch = None
+        self.copied = Counter()        # calls copied instead of computed, per (path, M)
+
+    def get(self, key):
+        return self.entries.get(key)
+
+    def put(self, key, cache, logits, calls: Counter) -> None:
+        if key[0] == "batch" and key[1] != self.batch:   # a new batch: drop the previous one's
+            self.entries = {k: v for k, v in self.entries.items() if k[0] != "batch"}
+            self.batch = key[1]
+        self.entries[key] = (copy.deepcopy(cache), logits, Counter(calls))
 
 
 def _rle(ms: list[int]) -> list[list[int]]:
@@ -124,8 +154,11 @@ def _new_cache(model):
 
 
 class Generator:
+    """memo, sig, usage: share prefills with other runs (PrefillMemo; sig(M) this run's arithmetic
+    at M; usage the model's call counter, model.Usage); without them every prefill is computed."""
+
     def __init__(self, model, tokenizer, *, max_new_tokens: int, stops: list[str], top_k: int = 5,
-                 eos_ids=None, pad_id=None):
+                 eos_ids=None, pad_id=None, memo: PrefillMemo | None = None, sig=None, usage=None):
         self.model, self.tok = model, tokenizer
         self.max_new = max_new_tokens
         self.stops = list(stops)
@@ -139,29 +172,61 @@ class Generator:
         self.followers: list[Follower] = []
         self.tokens_out = 0
         self.seconds = 0.0
+        self.phases = Counter()
+        self.memo, self.sig, self.usage = memo, sig, usage
         self._kw = _cache_kw(model)
+        self._sync = (torch.cuda.synchronize if self.device.type == "cuda"
+                      and os.environ.get("PQ2VERIFY_PHASE_SYNC") == "1" else None)
+
+    def _timed(self, phase: str, fn):
+        t0 = time.perf_counter()
+        r = fn()
+        if self._sync:
+            self._sync()
+        self.phases[phase] += time.perf_counter() - t0
+        return r
+
+    def _shared(self, key, sig, compute):
+        """compute() -> (cache, logits), or a copy of what a run with the same arithmetic (sig at
+        every M of the key) computed; its calls are added to the current call counter."""
+        if self.memo is None or sig is None or self.usage is None:
+            return compute()
+        key = key + tuple(sig(m) for m in key[-1])
+        hit = self.memo.get(key)
+        if hit is not None:
+            cache, logits, calls = hit
+            self.usage.calls.update(calls)
+            self.memo.copied.update(calls)
+            return copy.deepcopy(cache), logits
+        before = Counter(self.usage.calls)
+        cache, logits = compute()
+        self.memo.put(key, cache, logits, self.usage.calls - before)
+        return cache, logits
 
     @torch.no_grad()
     def set_prefix(self, prefix: list[int], followers: list[Follower] = ()) -> None:
         """Prefill the prompts' shared prefix once, for the leader and each follower."""
         self.prefix = list(prefix)
         self.followers = list(followers)
-        self._prefix_cache = self._prefill_prefix()
+        self._prefix_cache = self._timed("prefix", lambda: self._prefill_prefix(self.sig))
         for f in self.followers:
             f.shared_prefix = f.same(len(self.prefix))
             if f.shared_prefix:
                 f.prefix_cache = copy.deepcopy(self._prefix_cache)
                 continue
             with f.switch():
-                f.prefix_cache = self._prefill_prefix()
+                f.prefix_cache = self._timed(f"teacher:{f.name}", lambda: self._prefill_prefix(f.sig))
 
-    def _prefill_prefix(self):
+    def _prefill_prefix(self, sig):
         if not self.prefix:
             return None
-        cache = _new_cache(self.model)
-        ids = torch.tensor([self.prefix], device=self.device)
-        self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._kw: cache})
-        return cache
+
+        def compute():
+            cache = _new_cache(self.model)
+            ids = torch.tensor([self.prefix], device=self.device)
+            self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._kw: cache})
+            return cache, None
+        return self._shared(("prefix", tuple(self.prefix), (len(self.prefix),)), sig, compute)[0]
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tok.decode(tokens, skip_special_tokens=False)
@@ -205,6 +270,7 @@ class Generator:
     def run_batch(self, reqs: list[Request], on_done) -> None:
         """Generate every request of the batch; on_done(Result) as soon as each one stops."""
         t0 = time.perf_counter()
+        timed0 = sum(self.phases.values())
         P = len(self.prefix)
         for r in reqs:
             if r.ids[:P] != self.prefix or len(r.ids) <= P:
@@ -222,16 +288,22 @@ class Generator:
         dev = self.device
         ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
         nxt_pos = pos[:, -1] + 1
-        cache = self._batch_cache(self._prefix_cache, B)
-        out = self._forward(ids, mask, pos, cache)
+        # the batch's tokens and the Ms of the calls that make its prefill: its memo key
+        key = ("batch", (tuple(self.prefix), tuple(tuple(r.ids) for r in reqs)), (P, B * L) if P else (B * L,))
+
+        def prefill(prefix_cache, phase, sig):
+            def compute():
+                c = self._batch_cache(prefix_cache, B)
+                return c, SimpleNamespace(logits=self._forward(ids, mask, pos, c).logits)
+            return self._timed(phase, lambda: self._shared(key, sig, compute))
+        cache, out = prefill(self._prefix_cache, "prefill", self.sig)
         fol = []                                 # [follower, its cache, its last output]
         for f in self.followers:
             if f.shared_prefix and f.same(B * L):
                 fol.append([f, copy.deepcopy(cache), out])
                 continue
-            fc = self._batch_cache(f.prefix_cache, B)
             with f.switch():
-                fol.append([f, fc, self._forward(ids, mask, pos, fc)])
+                fol.append([f, *prefill(f.prefix_cache, f"teacher:{f.name}", f.sig)])
         alive = list(range(B))                  # request index of each cache row
         texts = [_Text(self._decode) for _ in reqs]
         tops = [[] for _ in reqs]
@@ -284,9 +356,12 @@ class Generator:
                 alive = [alive[r] for r in keep]
             mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
             m = len(alive)
-            out = self._forward(nxt.view(-1, 1), mask, nxt_pos.view(-1, 1), cache)
+            step = nxt.view(-1, 1), mask, nxt_pos.view(-1, 1)
+            out = self._timed("decode", lambda: self._forward(*step, cache))
             for entry in fol:
                 with entry[0].switch():
-                    entry[2] = self._forward(nxt.view(-1, 1), mask, nxt_pos.view(-1, 1), entry[1])
+                    entry[2] = self._timed(f"teacher:{entry[0].name}", lambda: self._forward(*step, entry[1]))
             nxt_pos = nxt_pos + 1
-        self.seconds += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        self.seconds += spent
+        self.phases["host"] += spent - (sum(self.phases.values()) - timed0)

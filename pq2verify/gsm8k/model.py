@@ -164,7 +164,16 @@ class _Stack:
         cols = (groups.view(-1, 1) * 128 + torch.arange(128)).reshape(-1)
         if torch.equal(cols, torch.arange(self.kp)):
             return None                                           # x as it is: no copy
+        if torch.equal(cols, torch.arange(self.kp).repeat(self.digits)):
+            return "tile"                 # [x | x | ...]: the same copy as index_select, ~10x faster
         return cols.to(device)
+
+    def columns(self, x2: torch.Tensor, rev: bool) -> torch.Tensor:
+        """The weight's input [M, T*Kp]: x's column of every K position of the weight."""
+        cols = self._cols[rev]
+        if isinstance(cols, str):
+            return x2.repeat(1, self.digits)
+        return x2 if cols is None else x2.index_select(1, cols)
 
     def run(self, x: torch.Tensor) -> list[torch.Tensor]:
         lead = x.shape[:-1]
@@ -178,9 +187,7 @@ class _Stack:
             if self._w_rev is None:
                 self._w_rev = reversed_groups(self.w)
             w = self._w_rev
-        cols = self._cols[rev]
-        if cols is not None:
-            x2 = x2.index_select(1, cols)
+        x2 = self.columns(x2, rev)
         with dispatch.trace() as served:   # which path served this call, and at which M
             y = dispatch.pq2_matmul(x2, w)
         for name in served:

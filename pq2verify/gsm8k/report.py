@@ -228,6 +228,23 @@ def _esc(s: str, n: int = 80) -> str:
     return s if len(s) <= n else "…" + s[-n:]
 
 
+def _timing(rep: dict) -> list[str]:
+    """Wall time and each run's seconds per phase (prefill calls copied from another run cost none)."""
+    runs = [r for r in rep["runs"] if r.get("phases")]
+    if not runs and rep.get("wall_seconds") is None:
+        return []
+    out = [""]
+    if rep.get("wall_seconds") is not None:
+        out.append(f"- wall time {rep['wall_seconds']:.1f} s (model load and conversion "
+                   f"{rep['model'].get('convert_seconds', 0):.1f} s)")
+    for r in runs:
+        ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
+        out.append(f"- run {r['label']} seconds per phase: {ph}"
+                   + (f"; {r['copied_calls']} prefill calls copied from a run with the same arithmetic"
+                      if r.get("copied_calls") else ""))
+    return out
+
+
 def markdown(rep: dict) -> str:
     L = [f"# GSM8K answer diff: {rep['a']['label']} vs {rep['b']['label']}", ""]
     L += [f"- model: {rep['model']['id']} ({rep['model']['digits']} balanced-ternary digit(s)"
@@ -249,6 +266,7 @@ def markdown(rep: dict) -> str:
         L.append(f"| {r['label']} | `{spec}` | {s['correct']}/{s['n']} ({100 * s['accuracy']:.1f}%) | "
                  f"{s['invalid']} ({100 * s['invalid_rate']:.1f}%) | {s['strict_invalid']} | {s['tokens']} | "
                  f"{r.get('tok_per_s') or 0:.1f} | {paths} | {ms} |")
+    L += _timing(rep)
     c = rep["compare"]
     L += ["", "## A vs B", "",
           f"- identical answers: **{c['identical_answers']}/{c['n']}**; identical generations "

@@ -1,0 +1,35 @@
+"""tools/gsm8k_profile.py on the CPU with the tiny model: wall time, phases and a cProfile table."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_gsm8k_cli import tiny_model  # noqa: F401  (the module-scoped fixture)
+
+pytest.importorskip("transformers")
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "gsm8k_profile.py"
+
+
+def test_profile_tool_prints_wall_phases_and_profile(tiny_model, tmp_path, device):  # noqa: F811
+    if device == "cuda":
+        pytest.skip("runs the tool with --device cpu; the lead runs it on the GPU")
+    out = subprocess.run([sys.executable, str(TOOL), "--device", "cpu", "--limit", "2", "--top", "5",
+                          "--out", str(tmp_path), "--model", str(tiny_model), "--digits", "2",
+                          "--max-new-tokens", "3", "--batch-size", "2", "--threads", "1"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    assert "wall" in text and "cumulative" in text and (tmp_path / "gsm8k.prof").exists()
+    for label in ("a", "b", "f"):
+        line = next(x for x in text.splitlines() if x.startswith(f"run {label} "))
+        assert "decode" in line and "host" in line, line
+    assert "teacher:b" in next(x for x in text.splitlines() if x.startswith("run a "))
+
+
+def test_profile_tool_reports_a_failed_run(tmp_path, device):
+    if device == "cuda":
+        pytest.skip("runs the tool with --device cpu")
+    out = subprocess.run([sys.executable, str(TOOL), "--device", "cpu", "--limit", "2", "--out", str(tmp_path),
+                          "--model", str(tmp_path / "missing")], capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0 and "rerun:" in out.stderr
