@@ -42,8 +42,20 @@ def to_f32(v, INTERP: tl.constexpr):
 # --- Q8 quantization -------------------------------------------------------------------
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm,
-                     BU: tl.constexpr, PLANE: tl.constexpr, INTERP: tl.constexpr):
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm, zero_ptr, Z,
+                     BU: tl.constexpr, PLANE: tl.constexpr, PDL: tl.constexpr, ZB: tl.constexpr,
+                     INTERP: tl.constexpr):
+    if PDL:
+        # launched with programmatic dependent launch: let the consumer launch (it prefetches
+        # its weights), then wait for the producer of x before reading it or writing anything
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    if ZB > 0:
+        # zero the consumer's Z split-K arrival counters (program 0; after the wait, since the
+        # memory may have been freed by an earlier kernel that still reads it)
+        if tl.program_id(0) == 0:
+            z = tl.arange(0, ZB)
+            tl.store(zero_ptr + z, tl.zeros([ZB], dtype=tl.int32), mask=z < Z)
     # One program: BU (row, group) units u = m*G + g, each group as [32, 4] = (b, s), element
     # 4b+s. Outputs are contiguous in u: scales/sums at u, codes at u*128.
     u = tl.program_id(0) * BU + tl.arange(0, BU)
@@ -77,8 +89,10 @@ def _quantize_config(units):
     return min(triton.next_power_of_2(units), 8), 4         # 1024 values a program
 
 
-def quantize_q8(x, order="plain"):
-    """Q8 with group 128 (SPEC §3): -> (q int8 [M,K], scales fp32 [M,G], sums int32 [M,G])."""
+def quantize_q8(x, order="plain", pdl=False, zero=None):
+    """Q8 with group 128 (SPEC §3): -> (q int8 [M,K], scales fp32 [M,G], sums int32 [M,G]).
+    pdl: launch with programmatic dependent launch (CUDA only; see kernels/gemv.py).
+    zero: an int32 tensor the kernel also fills with zeros (a consumer's split-K counters)."""
     if order not in ("plain", "plane"):
         raise ValueError(f"order: expected 'plain' or 'plane', got {order!r}")
     m, k = x.shape
@@ -91,7 +105,10 @@ def quantize_q8(x, order="plain"):
     units = m * g
     bu, warps = _quantize_config(units)
     _quantize_kernel[(triton.cdiv(units, bu),)](
-        x, q, sc, sums, units, g, x.stride(0), BU=bu, PLANE=order == "plane", INTERP=INTERPRET, num_warps=warps)
+        x, q, sc, sums, units, g, x.stride(0), sums if zero is None else zero,
+        0 if zero is None else zero.numel(), BU=bu, PLANE=order == "plane", PDL=bool(pdl),
+        ZB=0 if zero is None or not zero.numel() else triton.next_power_of_2(zero.numel()),
+        INTERP=INTERPRET, num_warps=warps, launch_pdl=bool(pdl))
     return q, sc, sums
 
 

@@ -113,16 +113,17 @@ class Path:
     def kernel(self):
         return importlib.import_module(self.module).run
 
-    def fold(self, n: int, k: int, m: int, *, interpret: bool = False) -> dict | None:
-        """The FP32 order of the config this path's kernel picks for (n, k, m), from the kernel
-        file's own `fold` (the GPU's config unless interpret): {groups_per_split, lanes, splits}
-        for PQ2 paths, {k_per_split, splits} for a split dense GEMM, None for a library's order.
-        The emulation reads it, so a new path needs no edit there."""
+    def fold(self, n: int, k: int, m: int, *, interpret: bool = False, config: dict | None = None) -> dict | None:
+        """The FP32 order of the config this path's kernel picks for (n, k, m), or of `config`
+        forced (fields missing from it keep the picked values), from the kernel file's own `fold`
+        (the GPU's config unless interpret): {groups_per_split, lanes, splits} for PQ2 paths,
+        {k_per_split, splits} for a split dense GEMM, None for a library's order. The emulation
+        reads it, so a new path needs no edit there. A bad forced config is a ValueError."""
         mod = importlib.import_module(self.module)
         if not hasattr(mod, "fold"):
-            raise TypeError(f"{self.module} exports no fold(n, k, m, interpret): the emulation needs "
+            raise TypeError(f"{self.module} exports no fold(n, k, m, interpret, config): the emulation needs "
                             f"path {self.name}'s FP32 order (docs/ADDING_A_PATH.md)")
-        return mod.fold(n, k, m, interpret=interpret)
+        return mod.fold(n, k, m, interpret=interpret, **({} if config is None else {"config": config}))
 
 
 _OUT = "output rounding to the activation dtype (u = 2^-8 bf16, 2^-11 fp16) plus the FP32 fold"
@@ -135,6 +136,9 @@ PATHS: tuple[Path, ...] = (
          description="Q8 plain; DP4A on codes expanded to signed bytes by byte-permute lookup"),
     Path("mmq", "kernels.mmq", "legacy", 17, None, tol_reason=_OUT,
          description="prefill: INT8 tensor-core dot per 128-group on weights expanded to int8"),
+    Path("gemv", "kernels.gemv", "tuned", 1, 1, tol_reason=_OUT,
+         dots_equal_to="int_gemv", counterpart="int_gemv",
+         description="M=1: masked-plane DP4A, no split-K, quantize and GEMV PDL-chained on CUDA"),
     Path("single", "kernels.single", "tuned", 1, 1, tol_reason=_OUT,
          dots_equal_to="int_gemv", counterpart="int_gemv",
          description="M=1: plane-order DP4A on raw codes minus the group sum; own FP32 sum order"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from pq2verify import cases, derive, dispatch, kernelsets
+from pq2verify import cases, derive, dispatch, kernelsets, registry
 
 pytestmark = pytest.mark.exact
 
@@ -38,7 +38,7 @@ def test_derive_records_with_provenance_and_sets_exact(device, few_cases):
     d = json.loads(f.read_text())
     for k in ("date", "commit", "backend", "torch", "triton"):
         assert d["provenance"].get(k), k
-    assert set(d["paths"]) == {"single", "small_mma", "mmq_planes", "small_gemm"}
+    assert set(d["paths"]) == {p.name for p in registry.PATHS if p.counterpart}
     assert d["paths"]["mmq_planes"]["held"] and d["paths"]["mmq_planes"]["claimed"]
     held = {n for n, r in d["paths"].items() if r["held"]}
     assert kernelsets.verified_exact(key) == held

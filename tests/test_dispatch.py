@@ -20,7 +20,7 @@ def _resolve(m, kset, layout="prepared", dtype=torch.bfloat16):
     return dispatch.resolve(m, w, x, kset).name
 
 
-@pytest.mark.parametrize("m,legacy,tuned", [(1, "int_gemv", "single"), (2, "int_gemv", "small_mma"),
+@pytest.mark.parametrize("m,legacy,tuned", [(1, "int_gemv", "gemv"), (2, "int_gemv", "small_mma"),
                                             (16, "int_gemv", "small_mma"), (17, "mmq", "mmq"),
                                             (2048, "mmq", "mmq")])
 def test_sets_choose_by_m(m, legacy, tuned):
@@ -53,11 +53,14 @@ def test_exact_set_uses_only_verified_paths(monkeypatch):
 
 
 def test_path_switch_off_falls_back_and_on_forces(monkeypatch):
+    monkeypatch.setenv("PQ2_PATH_GEMV", "off")
+    assert _resolve(1, "tuned") == "single"     # the next tuned path serving M=1
     monkeypatch.setenv("PQ2_PATH_SINGLE", "off")
     assert _resolve(1, "tuned") == "int_gemv"
     monkeypatch.setenv("PQ2_PATH_INT_GEMV", "off")
     assert _resolve(1, "tuned") == "native"
     monkeypatch.delenv("PQ2_PATH_SINGLE")
+    monkeypatch.delenv("PQ2_PATH_GEMV")
     monkeypatch.delenv("PQ2_PATH_INT_GEMV")
     monkeypatch.setenv("PQ2_PATH_SMALL_MMA", "on")
     assert _resolve(4, "legacy") == "small_mma"
@@ -103,7 +106,7 @@ def test_trace_proves_which_path_ran(device):
         pq2_matmul(x, w, kernels="legacy")
         pq2_matmul(x, w, kernels="tuned")
         pq2_matmul(x[:1], w, kernels="tuned")
-    assert t == {"int_gemv": 1, "small_mma": 1, "single": 1}
+    assert t == {"int_gemv": 1, "small_mma": 1, "gemv": 1}
 
 
 def test_forced_path_outside_its_range_is_an_error():
@@ -120,11 +123,11 @@ def test_m_zero_returns_empty_without_a_launch():
 
 
 def test_cached_resolution_follows_switches_set_later(monkeypatch):
+    assert _resolve(1, "tuned") == "gemv"
+    monkeypatch.setenv("PQ2_PATH_GEMV", "off")
     assert _resolve(1, "tuned") == "single"
-    monkeypatch.setenv("PQ2_PATH_SINGLE", "off")
-    assert _resolve(1, "tuned") == "int_gemv"
-    monkeypatch.delenv("PQ2_PATH_SINGLE")
-    assert _resolve(1, "tuned") == "single"
+    monkeypatch.delenv("PQ2_PATH_GEMV")
+    assert _resolve(1, "tuned") == "gemv"
     monkeypatch.setenv("PQ2_PATH_SINGLE_", "off")
     with pytest.raises(ValueError, match="no such path"):
         _resolve(1, "tuned")

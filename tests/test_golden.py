@@ -278,7 +278,7 @@ def test_model_capture_with_a_runner(tmp_path, monkeypatch):
     man = golden_model.capture_model(tmp_path, DEVICE, positions=(0, 2, 3), log=lambda s: None)
     assert sorted((r["layer"], r["position"]) for r in man["records"]) == \
         sorted((n, p) for n in ("up+gate", "down") for p in (0, 2, 3))
-    assert {r["path"] for r in man["records"]} == {"small_mma", "single"}      # the prompt: M=3; decode: M=1
+    assert {r["path"] for r in man["records"]} == {"small_mma", "gemv"}        # the prompt: M=3; decode: M=1
     res = golden_model.verify_model(tmp_path, DEVICE)
     assert res and all(r[1] == "identical" for r in res), res
     # another model (a weight changed) is reported, not compared

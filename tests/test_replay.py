@@ -107,10 +107,10 @@ def test_legacy_vs_tuned_passes(capture, tmp_path, device, capsys):
     run = json.loads(j.read_text())["runs"][0]
     assert len(run["calls"]) == LAYERS * 2 * 3 and run["ok"]
     assert {c["a"]["path"] for c in run["calls"]} == {"int_gemv"}
-    assert {c["b"]["path"] for c in run["calls"]} == {"single"}
+    assert {c["b"]["path"] for c in run["calls"]} == {"gemv"}
     assert all(c["ab"]["dots_equal"] and c["a"]["dots_exact"] and c["b"]["dots_exact"] for c in run["calls"])
     out = capsys.readouterr().out
-    assert "| attn | 1 | 2 | int_gemv / single |" in out and "**Overall: PASS**" in out
+    assert "| attn | 1 | 2 | int_gemv / gemv |" in out and "**Overall: PASS**" in out
 
 
 def test_faults_fail_and_fold_order_passes(capture, tmp_path, device, capsys):
