@@ -18,7 +18,7 @@ def register(sub):
                     help="comma-separated M (default 1,2,4,8,16,128,2048; --quick 1,16,2048; "
                          "interpreter 1,2,17)")
     ap.add_argument("--step-m", default=None, type=_ints,
-                    help="M of the whole decode step (default 1,4,8,16; --quick 1,16; none: skip)")
+                    help="M of the whole chained decode step (default 1,2,4,8,16; --quick 1,16; none: skip)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--layout", default="prepared", choices=("prepared", "raw"), help="PQ2 weight layout timed")
     ap.add_argument("--quick", action="store_true", help="the targets' M only, 7 rounds, --budget-s 180")

@@ -102,6 +102,12 @@ def progress_line(i: int, n: int, row: dict) -> str:
         bits.append(f"B {pct(b['pct_bw'])} of BW, SM {clock_cell(b)} MHz")
     if row["kind"] == "step" and b.get("pct_floor") is not None:
         bits.append(f"B at {pct(b['pct_floor'])} of floor {row['floor_ms']:.3f} ms")
+    for lab, name in (("sol", "SOL"), ("sol_pdl", "SOL+PDL")):
+        sol = (row.get("sol") or {}).get(lab) or {}
+        if sol.get("time"):
+            bits.append(f"{name} {num(sol['time']['median'], 3)} ms ({pct(sol.get('pct_floor'))} of floor)")
+        elif sol.get("error"):
+            bits.append(f"{name} ERROR")
     if st == "skipped":
         bits.append(row.get("note", "timing skipped"))
     return head + what + ": " + " | ".join(bits)
@@ -112,6 +118,10 @@ SHAPE_COLS = ("shape", "M", "A path", "B path", "gate", "A µs", "B µs", "B/A",
               "B GB/s", "B %BW", "B Top/s", "B SM MHz", "mem MHz", "B power W")
 STEP_COLS = ("M", "A paths", "B paths", "gate", "A ms", "B ms", "BF16 ms", "floor ms", "A %floor",
              "B %floor", "B/A", "B/BF16", "B SM MHz", "B power W")
+SOL_COLS = ("M", "floor ms", "SOL ms", "SOL %floor", "SOL+PDL ms", "SOL+PDL %floor", "A/SOL", "A/SOL+PDL",
+            "B/SOL", "B/SOL+PDL")
+FIT_COLS = ("shape", "M", "side", "path", "fixed µs/call", "marginal GB/s", "marginal %BW",
+            "µs at N/4, N/2, N", "max resid")
 
 
 def shape_cells(row: dict) -> list:
@@ -138,6 +148,38 @@ def step_cells(row: dict) -> list:
             clock_cell(b), power_cell(b)]
 
 
+def sol_cells(row: dict) -> list:
+    """A step against the speed-of-light reads of its bytes: their ms and % of the floor, and
+    each side's time over theirs (per round, median [min-max]; 1.00x = at the speed of light)."""
+    sol = row.get("sol") or {}
+    r = row.get("ratios") or {}
+    cells = [str(row.get("m")), num(row.get("floor_ms"), 3)]
+    for lab in ("sol", "sol_pdl"):
+        v = sol.get(lab) or {}
+        cells += ["ERROR" if v.get("error") else num((v.get("time") or {}).get("median"), 3), pct(v.get("pct_floor"))]
+    return cells + [ratio_cell(r.get(f"{lab}_over_{s}")) for s in ("a", "b") for lab in ("sol", "sol_pdl")]
+
+
+def fit_rows(res: dict, bw=None) -> list:
+    """One row per (shape, M, side) with a fixed-cost fit."""
+    out = []
+    for row in _rows(res, "shape"):
+        for s, label in (("a", "A"), ("b", "B"), ("bf16", "BF16")):
+            side = (row.get("sides") or {}).get(s) or {}
+            f = side.get("fit")
+            if not f and not side.get("fit_error"):
+                continue
+            if not f:
+                out.append([row["shape"], str(row["m"]), label, side.get("path", DASH), "ERROR: " + side["fit_error"]]
+                           + [DASH] * 4)
+                continue
+            gb = f.get("gbps")
+            out.append([row["shape"], str(row["m"]), label, side.get("path", DASH), num(f["fixed_us"], 2),
+                        num(gb, 0) if gb else "n/a (slope <= 0)", pct(gb / bw) if gb and bw else DASH,
+                        ", ".join(num(t, 1) for _, t in f["points"]), f"{f['max_resid'] * 100:.1f}%"])
+    return out
+
+
 def _rows(res: dict, kind: str) -> list:
     """Rows of one kind for display: by shape (in plan order), then M."""
     rows = [r for r in res["rows"] if r.get("kind") == kind]
@@ -157,7 +199,8 @@ def console_tables(res: dict) -> list:
     from rich.table import Table
     out = []
     for kind, cols, cells, name in (("shape", SHAPE_COLS, shape_cells, "per shape (µs per call)"),
-                                    ("step", STEP_COLS, step_cells, "decode step (ms per step)")):
+                                    ("step", STEP_COLS, step_cells, "chained decode step (ms per step)"),
+                                    ("step", SOL_COLS, sol_cells, "decode step against the speed of light")):
         rows = _rows(res, kind)
         if not rows:
             continue
@@ -167,6 +210,14 @@ def console_tables(res: dict) -> list:
         for r in rows:
             style = "red" if r.get("status") in ("blocked", "error") else None
             t.add_row(*cells(r) if r.get("status") != "error" else _error_cells(r, len(cols)), style=style)
+        out.append(t)
+    fits = fit_rows(res, res.get("stream_read_gbps"))
+    if fits:
+        t = Table(title="fixed cost per call and marginal bandwidth (t = fixed + bytes / BW over N/4, N/2, N)")
+        for col in FIT_COLS:
+            t.add_column(col, overflow="fold")
+        for f in fits:
+            t.add_row(*f)
         out.append(t)
     t = Table(title="targets (H200)")
     for col in ("target", "want", "measured", "met", "gap"):
@@ -198,6 +249,27 @@ def blocked_lines(res: dict) -> list:
     return out
 
 
+def values_lines(row: dict) -> list:
+    """What the chained step's eager run (before timing) says of its values, per side."""
+    out = []
+    for s, side in (row.get("sides") or {}).items():
+        v = side.get("values")
+        if not v:
+            continue
+        head = f"{row['key']} {s}: chained values"
+        if v.get("error"):
+            out.append(f"ERROR {head}: the eager run raised {v['error']}")
+        elif not v["finite"]:
+            out.append(f"NOT FINITE {head}: {v['nonfinite']} of {v['calls']} outputs, the first at {v['first_bad']}")
+        elif not v.get("bounded", True):
+            out.append(f"UNBOUNDED {head}: output RMS {v['rms_min']:.3g}-{v['rms_max']:.3g} x the step input's "
+                       f"(beyond 2^16 either way)")
+        else:
+            out.append(f"{head}: all {v['calls']} outputs finite, output RMS {v['rms_min']:.3g}-{v['rms_max']:.3g} "
+                       f"x the step input's (last {v['rms_last']:.3g})")
+    return out
+
+
 def summary_lines(res: dict) -> list:
     out = []
     bw = res.get("stream_read_gbps")
@@ -213,9 +285,12 @@ def summary_lines(res: dict) -> list:
     for r in res["rows"]:
         if r.get("status") == "error":
             out.append(f"ERROR {r['key']}: {r.get('error')}")
-        for s, side in (r.get("sides") or {}).items():
+        for s, side in {**(r.get("sides") or {}), **(r.get("sol") or {})}.items():
             if side.get("error"):
                 out.append(f"ERROR {r['key']} {s}: {side['error']}")
+            if side.get("fit_error"):
+                out.append(f"ERROR {r['key']} {s} fixed-cost fit: {side['fit_error']}")
+        out += values_lines(r)
     if res.get("not_run"):
         out.append(f"not run (budget of {res['config'].get('budget_s')} s spent; --resume continues): "
                    + ", ".join(res["not_run"]))
@@ -233,7 +308,7 @@ def _md_table(cols, rows) -> list:
 def _side_clock_rows(res: dict) -> list:
     out = []
     for r in res["rows"]:
-        for s, side in (r.get("sides") or {}).items():
+        for s, side in {**(r.get("sides") or {}), **(r.get("sol") or {})}.items():
             if side.get("clocks"):
                 n = side["clocks"].get("n", 0)
                 out.append([r["key"], s, path_cell(r, s), clock_cell(side), mem_cell(side), power_cell(side), str(n)])
@@ -273,13 +348,22 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
                         for k, v in bwr["probes"].items()])
     steps = _rows(res, "step")
     if steps:
-        L += ["", "## Decode step (257 PQ2 projections in model order, one graph, distinct weights)", ""]
+        s0 = steps[0]
+        calls, dense = s0.get("calls") or 0, s0.get("dense_calls") or 0
+        L += ["", f"## Chained decode step ({calls} calls in model order: {calls - dense} PQ2 projections and "
+              f"{dense} dense in_proj_ba; one graph, distinct weights, "
+              f"{num((s0.get('weight_bytes') or 0) / 1e9, 2)} GB)", ""]
         L += _md_table(STEP_COLS, [step_cells(r) if r.get("status") != "error" else _error_cells(r, len(STEP_COLS))
                                    for r in steps])
+        L += ["", "### Against the speed of light (pure streaming reads with the step's call structure)", ""]
+        L += _md_table(SOL_COLS, [sol_cells(r) if r.get("status") != "error" else _error_cells(r, len(SOL_COLS))
+                                  for r in steps])
+        L += ["", f"- chain: {s0['note']}"] if s0.get("status") == "timed" and s0.get("note") else [""]
+        L += [f"- {v}" for r in steps for v in values_lines(r)]
         notes = {r["sides"]["bf16"].get("note") for r in steps if r.get("sides") and r["sides"]["bf16"].get("note")}
         meth = {r["sides"]["bf16"].get("method") for r in steps if r.get("sides")}
-        gb = steps[0].get("bf16_bytes", 0) / 1e9
-        graph = f"one graph of 257 distinct bf16 weight copies ({gb:.1f} GB)"
+        gb = s0.get("bf16_bytes", 0) / 1e9
+        graph = f"one chained graph of {calls} distinct bf16 weight copies ({gb:.1f} GB)"
         L += ["", "BF16 step: " + (graph if "graph" in meth else "")
               + ("; " if "graph" in meth and "sum" in meth else "")
               + ("sum of the per-shape cuBLAS medians of this run times the calls per step" if "sum" in meth else "")]
@@ -289,6 +373,10 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
         L += ["", "## Per shape (µs per call; B/A = A time / B time per round, median [min-max])", ""]
         L += _md_table(SHAPE_COLS, [shape_cells(r) if r.get("status") != "error" else _error_cells(r, len(SHAPE_COLS))
                                     for r in shapes])
+    fits = fit_rows(res, res.get("stream_read_gbps"))
+    if fits:
+        L += ["", "## Fixed cost per call and marginal bandwidth (per path, shape and M)", ""]
+        L += _md_table(FIT_COLS, fits)
     clocks = _side_clock_rows(res)
     if clocks:
         L += ["", "## Clocks and power during each measurement (NVML)", ""]
@@ -306,7 +394,26 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
           "distinct addresses, >= the rotation size, so L2 never holds the weight); replays timed with CUDA "
           "events; rounds A B BF16, BF16 B A, ...; per-round ratios.",
           "- GB/s counts weight bytes only (PQ2: N*K/128*34; BF16: N*K*2); %BW is against the faster read "
-          "probe of this run. Top/s = 2*M*N*K / time. Floor = step weight bytes / that bandwidth.",
+          "probe of this run. Top/s = 2*M*N*K / time. Floor = the step's weight bytes (PQ2 and in_proj_ba) / "
+          "that bandwidth.",
+          "- Decode step: one CUDA graph of the step's calls in model order (64 layers: DeltaNet in_proj and "
+          "in_proj_ba, or full-attention qkv; out; gate_up; down; then lm_head), each on its own weight copy "
+          "and each the path's whole run() (activation quantization included). Chained as in a layer: a "
+          "call's input is the first M*K elements of its source's [M, N] output viewed as [M, K] "
+          "(in_proj_ba reads the layer input). Values stay bounded without an extra kernel: each copy's "
+          "values are 2^e times the gated weight's (fp16 scales scaled, codes unchanged), e chosen along "
+          "the chain; the step runs once eagerly before timing and its output RMS is reported. The gate "
+          "ran each shape at that M on its seeded input; the chained inputs are the step's own.",
+          "- Speed of light (SOL): the same number of kernels in the same order, each a pure streaming read "
+          "of exactly its call's weight copy; SOL+PDL launches them with programmatic dependent launch, "
+          "each kernel letting the next launch at once and issuing its first loads before waiting for the "
+          "previous grid. A/SOL = A's step time / SOL's, per round.",
+          "- Fixed cost and marginal bandwidth: each side also timed on the first N/4 and N/2 rows of the "
+          "same weight (same K and M, the same graph of one call per rotating copy, in the same rounds); "
+          "t = fixed + bytes / BW fitted by least squares over N/4, N/2, N. fixed = what a call costs "
+          "beyond streaming its weights (launches, quantize or reduce kernels, prologue and tail); "
+          "marginal GB/s = 1 / slope; max resid = the largest misfit over its point's time (a large one: "
+          "the path's config changes with N).",
           "- Noise between identical controls reached 12% in earlier work (SPEC §8): a ratio whose range "
           "crosses 1 needs a fresh run."]
     if png_name:

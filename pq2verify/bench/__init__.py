@@ -11,28 +11,33 @@ Three environments run the same engine: RealEnv('cuda') gates and times; RealEnv
 on Triton's interpreter and skips the timing with a reason; FakeEnv (dry run) fakes gates and
 timings so the table, report, plot and resume are exercised without CUDA.
 
-The package is cut by concern: plan, gate, contestants, timing, probe, envs, items, runner,
-verdicts. Its namespace re-exports what the CLI, the report and the tests use.
+The package is cut by concern: plan, gate, contestants, timing, probe, sol (speed of light with
+the step's call structure), step (the chained decode step), envs, items, runner, verdicts. Its namespace re-exports what the CLI, the report and the tests use.
 """
 from .plan import (  # noqa: F401
-    GB, STEP_COUNTS, STEP_LAYERS, DEFAULT_MS, STEP_MS, INTERP_MS, PRESETS, M_PRIORITY,
-    MIN_PAIRS, TARGET_STEP_M1_FLOOR, TARGET_STEP_M1_VS_BF16, TARGET_STEP_SMALL_FLOOR,
-    TARGET_PREFILL_VS_BF16, PREFILL_M, Config, Shape, Item, all_shapes, select_shapes,
-    step_shapes, step_order, order_ms, make_plan, pq2_nbytes, dense_nbytes, copies_needed)
+    GB, STEP_COUNTS, STEP_DENSE, STEP_LAYERS, DEFAULT_MS, STEP_MS, INTERP_MS, FIT_DIVS, PRESETS,
+    M_PRIORITY, MIN_PAIRS, TARGET_STEP_M, TARGET_STEP_M1_FLOOR, TARGET_STEP_M1_MS, TARGET_STEP_M16_MS,
+    TARGET_STEP_M1_VS_BF16, TARGET_STEP_SMALL_FLOOR, TARGET_PREFILL_VS_BF16, PREFILL_M, Config, Shape,
+    Item, all_shapes, select_shapes, step_shapes, step_chain, step_order, check_chain, order_ms,
+    make_plan, pq2_nbytes, dense_nbytes, call_nbytes, copies_needed)
 from .gate import (  # noqa: F401
     Gate, gate, bench_case, decode_dense, BaselineInputs, traced_path)
 from .contestants import (  # noqa: F401
-    Call, Contestant, clone_weight, rotation, path_contestant, weight_copies, contestant_for,
-    bf16_contestant)
+    Call, Contestant, clone_weight, row_slice, scaled_clone, weight_bytes, rotation, path_contestant,
+    weight_copies, contestant_for, bf16_contestant)
 from .timing import (  # noqa: F401
-    GraphTimer, Sampler, nvml_reader, time_rounds, spread, round_ratios, measure)
+    GraphTimer, Sampler, nvml_reader, time_rounds, spread, fit_fixed_bw, round_ratios, measure)
 from .probe import (  # noqa: F401
     read_probe, bandwidth_probes)
 from .envs import (  # noqa: F401
     RealEnv, FAKE_EFF, FAKE_RATE, FAKE_BW, fake_us, FakeTimer, FakeWeight, FakeInputs, FakeEnv,
     make_env)
+from .sol import (  # noqa: F401
+    read_call, launch_options, sol_contestants)
+from .step import (  # noqa: F401
+    step_parts, gain_log2, exponents, step_weights, step_contestant, run_chain, chain_stats)
 from .items import (  # noqa: F401
-    run_bandwidth, run_shape, step_contestant, step_parts, step_copies, run_step, execute)
+    run_bandwidth, run_shape, run_step, execute)
 from .verdicts import (  # noqa: F401
     tuned_side, ratio, slower_than_legacy, assess)
 from .runner import (  # noqa: F401

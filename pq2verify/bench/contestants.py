@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import torch
 
 from .. import registry
-from ..weights import PQ2Weight
-from .plan import Config, GB, Shape, copies_needed, dense_nbytes, pq2_nbytes
+from ..weights import BLOCK_BYTES, PQ2Weight
+from .plan import Config, GB, Shape, call_nbytes, copies_needed, dense_nbytes
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,41 @@ def clone_weight(w):
     return w.clone()
 
 
+def row_slice(w, rows: int):
+    """A new weight holding the first `rows` output rows of w (same K, same layout)."""
+    if not isinstance(w, PQ2Weight):
+        return w[:rows].clone()
+    if w.layout == "raw":
+        return PQ2Weight(w.data.view(w.n, -1)[:rows].clone(), rows, w.k, "raw")
+    flat = torch.cat([w.codes_matrix()[:rows].reshape(-1), w.scales_matrix()[:rows].reshape(-1).view(torch.uint8)])
+    return PQ2Weight(flat, rows, w.k, "prepared")
+
+
+def scaled_clone(w, e: int):
+    """A copy of w whose values are 2^e times w's, exactly: a PQ2 weight's fp16 scales (codes
+    unchanged) or a dense matrix, multiplied by 2^e. Raises if a scale would leave the normal
+    range (then the product would not be exact)."""
+    c = clone_weight(w)
+    if not e:
+        return c
+    if isinstance(c, PQ2Weight):
+        s = (c.scales_matrix() if c.layout == "prepared"
+             else c.data.view(c.n, c.groups, BLOCK_BYTES)[:, :, :2].view(torch.float16))
+        s.mul_(2.0 ** e)                          # in place: both are views of c's bytes
+        a = s.abs()
+        lo, hi = torch.finfo(torch.float16).tiny, torch.finfo(torch.float16).max
+        if bool(((a > 0) & (a < lo)).any()) or not bool((a <= hi).all()):
+            raise ValueError(f"scaling a {c.n}x{c.k} weight's fp16 scales by 2^{e} leaves the normal range")
+        return c
+    return c.mul_(2.0 ** e)
+
+
+def weight_bytes(w) -> torch.Tensor:
+    """The bytes a call reads from weight w, flat: int32 words where they divide evenly."""
+    b = (w.data if isinstance(w, PQ2Weight) else w.contiguous()).reshape(-1).view(torch.uint8)
+    return b.view(torch.int32) if b.numel() % 4 == 0 and b.data_ptr() % 4 == 0 else b
+
+
 def rotation(w, count: int) -> list:
     """`count` byte-identical copies at distinct addresses; the first is w itself (the gated one)."""
     return [w] + [clone_weight(w) for _ in range(count - 1)]
@@ -52,7 +87,7 @@ def rotation(w, count: int) -> list:
 
 def path_contestant(label: str, path: str, shape: Shape, m: int, cfg: Config, x, copies, count: int):
     """R calls of a registry path, one per weight copy, into one preallocated output."""
-    nb = dense_nbytes(shape.n, shape.k, cfg.dtype) if shape.dense else pq2_nbytes(shape.n, shape.k)
+    nb = call_nbytes(shape, cfg.dtype)
 
     def build():
         run = registry.get(path).kernel()
@@ -64,7 +99,7 @@ def path_contestant(label: str, path: str, shape: Shape, m: int, cfg: Config, x,
 def weight_copies(inp, shape: Shape, cfg: Config):
     """(copies(), count): the gated weight and its clones, made on first use and shared by every
     side that reads them, totalling at least cfg.rotate_gb."""
-    nb = dense_nbytes(shape.n, shape.k, cfg.dtype) if shape.dense else pq2_nbytes(shape.n, shape.k)
+    nb = call_nbytes(shape, cfg.dtype)
     count = copies_needed(nb, cfg.rotate_gb * GB)
     return functools.cache(lambda: rotation(inp.w, count)), count
 

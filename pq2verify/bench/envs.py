@@ -24,6 +24,7 @@ class RealEnv:
         self.device = device
         self.kind = "cuda" if device == "cuda" else "interpreter"
         self.can_time = device == "cuda"
+        self.runs_kernels = True        # the step's chained values are checked by running it once
         self.why_not = "" if self.can_time else "no CUDA GPU: timing skipped (the gate ran on Triton's interpreter)"
         self.default_shapes = "bonsai27b" if self.can_time else "small"
         self.reruns = 2
@@ -103,7 +104,7 @@ class RealEnv:
 # fake model for dry runs: fraction of the bandwidth reached, and int8/bf16 rates (ops/s)
 FAKE_EFF = {"single": 0.87, "small_mma": 0.78, "int_gemv": 0.60, "native": 0.35, "mmq": 0.50,
             "mmq_planes": 0.55, "cublas": 0.90, "small_gemm": 0.70, "probe:read": 0.97,
-            "probe:sum": 0.90, "probe:copy": 0.96}
+            "probe:sum": 0.90, "probe:copy": 0.96, "probe:sol": 0.72, "probe:sol_pdl": 0.98}
 FAKE_RATE = {"mmq": 0.75e15, "mmq_planes": 0.98e15, "cublas": 0.72e15, "native": 0.15e15}
 FAKE_BW = 4.34e12
 
@@ -116,15 +117,16 @@ def fake_us(call: Call) -> float:
 
 
 class FakeTimer:
-    def __init__(self, c: Contestant, seed: int):
+    def __init__(self, c: Contestant, seed: int, noise: float = 0.03):
         self.per = c.per
         self.base = sum(fake_us(x) for x in c.calls) / c.per
         self.rng = random.Random(seed)
+        self.noise = noise
 
     def sample(self, reps: int, during=None) -> float:
         if during is not None:
             during()
-        return self.base * (1 + self.rng.uniform(-0.03, 0.03))
+        return self.base * (1 + self.rng.uniform(-self.noise, self.noise))
 
     def close(self):
         pass
@@ -151,18 +153,21 @@ class FakeInputs:
 
 class FakeEnv:
     """Dry run: real dispatch decisions, fake gates (PASS unless the path is in `blocked`) and
-    fake timings from a bandwidth/throughput model. Nothing touches a GPU."""
+    fake timings from a bandwidth/throughput model (each call nbytes / (FAKE_BW * FAKE_EFF) + 2
+    µs, times 1 +- `noise`). Nothing touches a GPU."""
     kind = "dry-run"
     device = "cpu"
     can_time = True
+    runs_kernels = False
     why_not = ""
     default_shapes = "bonsai27b"
 
-    def __init__(self, blocked=(), free_bytes: float = 141e9, seed: int = 0):
+    def __init__(self, blocked=(), free_bytes: float = 141e9, seed: int = 0, noise: float = 0.03):
         self.reruns = 0
         self.blocked = set(blocked)
         self.free = free_bytes
         self.seed = seed
+        self.noise = noise
         self.built = []            # labels whose timers were built, in order (for tests)
 
     def provenance(self) -> dict:
@@ -195,7 +200,7 @@ class FakeEnv:
 
     def timer(self, c: Contestant):
         self.built.append(c.label)
-        return FakeTimer(c, zlib.crc32(f"{self.seed}:{c.label}:{len(self.built)}".encode()))
+        return FakeTimer(c, zlib.crc32(f"{self.seed}:{c.label}:{len(self.built)}".encode()), self.noise)
 
     def sampler(self):
         return Sampler(lambda: {"sm_mhz": 1980, "mem_mhz": 3201, "power_w": 520.0}, 0)

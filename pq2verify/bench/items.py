@@ -3,14 +3,15 @@
 import functools
 from dataclasses import replace
 
-import torch
-
-from .. import registry
-from .plan import Config, GB, Item, STEP_COUNTS, dense_nbytes, pq2_nbytes, step_order, step_shapes
+from .plan import (Config, FIT_DIVS, GB, Item, STEP_COUNTS, STEP_DENSE, call_nbytes, check_chain,
+                   copies_needed, dense_nbytes, step_chain, step_shapes)
 from .gate import Gate, bench_case
-from .contestants import Call, Contestant, contestant_for, rotation, weight_copies
-from .timing import measure, round_ratios, spread
+from .contestants import (Call, Contestant, bf16_contestant, contestant_for, path_contestant, rotation,
+                          row_slice, weight_copies)
+from .timing import fit_fixed_bw, measure, round_ratios, spread
 from .probe import bandwidth_probes
+from .sol import sol_contestants
+from .step import chain_stats, step_contestant, step_parts, step_weights
 
 
 def _side(kset: str, path: str, g: Gate) -> dict:
@@ -69,17 +70,63 @@ def run_shape(env, cfg: Config, item: Item, bw: float | None) -> dict:
     if not env.can_time:
         return {**row, "status": "blocked" if blocked else "skipped", "note": env.why_not}
     copies = weight_copies(inp, shape, cfg)      # shared by both sides
+    timed = [s for s in sides if s not in blocked]
     contestants = [contestant_for(s, sides[s]["path"], shape, m, cfg, inp, binp if s == "bf16" else None, copies)
-                   for s in sides if s not in blocked]
+                   for s in timed]
+    contestants += _fractions(sides, timed, shape, m, cfg, inp, binp)
     times, reps, clocks, failed = measure(env, contestants, cfg)
     for c in contestants:
+        if "/" in c.label:
+            continue
         if c.label in failed:
             sides[c.label]["error"] = failed[c.label]
         else:
             _fill(sides[c.label], c, times[c.label], reps[c.label], clocks[c.label], bw, 1.0)
+    for s in timed:
+        _fit(sides[s], s, shape, contestants, times, failed)
     row["ratios"] = round_ratios(times, [("a", "b"), ("bf16", "b"), ("bf16", "a")])
-    row["status"] = "error" if failed else "blocked" if blocked else "timed"
+    bad = [lab for lab in failed if "/" not in lab]      # a failed fit point is noted on its side
+    row["status"] = "error" if bad else "blocked" if blocked else "timed"
     return row
+
+
+def _fractions(sides: dict, timed: list, shape, m: int, cfg: Config, inp, binp) -> list:
+    """The fit's extra contestants: each timed side again on the first N/d rows of the same
+    weight (d in FIT_DIVS), same K, M and graph structure, labelled 'side/d'; the PQ2 copies of
+    each row count are shared by the sides."""
+    out = []
+    for d in FIT_DIVS:
+        rows = shape.n // d
+        if d == 1 or rows < 1:
+            continue
+        sub = replace(shape, n=rows)
+        count = copies_needed(call_nbytes(sub, cfg.dtype), cfg.rotate_gb * GB)
+        copies = functools.cache(lambda r=rows, c=count: rotation(row_slice(inp.w, r), c))
+        for s in timed:
+            if s == "bf16":
+                out.append(bf16_contestant(f"{s}/{d}", sub, m, cfg, inp.x, lambda r=rows: binp.w[:r],
+                                           cfg.rotate_gb * GB))
+            else:
+                out.append(path_contestant(f"{s}/{d}", sides[s]["path"], sub, m, cfg, inp.x, copies, count))
+    return out
+
+
+def _fit(side: dict, s: str, shape, contestants: list, times: dict, failed: dict) -> None:
+    """side['fit']: t = fixed + bytes / bw by least squares over the side's N/d timings."""
+    by = {c.label: c for c in contestants}
+    pts, rows, errs = [], [], []
+    for d in FIT_DIVS:
+        lab = s if d == 1 else f"{s}/{d}"
+        if lab in failed:
+            errs.append(f"N/{d}: {failed[lab]}")
+        elif times.get(lab) and lab in by:
+            pts.append((by[lab].nbytes, spread(times[lab])["median"]))
+            rows.append(shape.n // d)
+    fit = fit_fixed_bw(pts)
+    if fit is not None:
+        side["fit"] = {**fit, "rows": rows}
+    if errs:
+        side["fit_error"] = "; ".join(errs)
 
 
 def _bf16_step_method(cfg: Config, env, pq2_total: int, bf16_total: int) -> str:
@@ -89,103 +136,73 @@ def _bf16_step_method(cfg: Config, env, pq2_total: int, bf16_total: int) -> str:
     return "graph" if env.free_bytes() >= bf16_total + pq2_total + 8 * GB else "sum"
 
 
-def step_contestant(label, paths, parts, m, copies, dense_w=False):
-    """The 257 calls of one step in model order, each on its own weight copy."""
-    order = step_order()
-
-    def call(nm):
-        sh, inp, _ = parts[nm]
-        nb = sh.n * sh.k * inp.x.element_size() if dense_w else pq2_nbytes(sh.n, sh.k)
-        return Call("cublas" if dense_w else paths[nm], sh.n, sh.k, m, nb)
-    calls = [call(nm) for nm in order]
-
-    def build():
-        ws = copies()
-        nxt = {nm: iter(ws[nm]) for nm in ws}
-        outs = {nm: torch.empty(m, parts[nm][0].n, dtype=parts[nm][1].x.dtype, device=parts[nm][1].x.device)
-                for nm in ws}
-        if dense_w:
-            return [functools.partial(torch.mm, parts[nm][1].x, next(nxt[nm]).t(), out=outs[nm]) for nm in order]
-        runs = {nm: registry.get(paths[nm]).kernel() for nm in ws}
-        return [functools.partial(runs[nm], parts[nm][1].x, next(nxt[nm]), out=outs[nm]) for nm in order]
-    return Contestant(label, calls, build, 1)
-
-
-def step_parts(env, cfg: Config, m: int, ksets: dict, baseline: bool = True):
-    """Inputs and gates of the six step shapes at M: ({shape: (Shape, inp, binp)}, {side: entry})
-    where an entry holds the path per shape and a gate that passes only if every shape's does."""
-    sides = {s: {"kset": ks, "paths": {}, "gate": "PASS", "reason": ""} for s, ks in ksets.items()}
-    if baseline:
-        sides["bf16"] = {"kset": "-", "paths": {}, "gate": "PASS", "reason": ""}
-    reasons = {s: [] for s in sides}
-    parts = {}
-    for nm, shape in step_shapes().items():
-        case0 = bench_case("native", shape, m, cfg)
-        inp = env.inputs(case0)
-        gates = {s: env.side(ks, case0, inp) for s, ks in ksets.items()}
-        binp = env.baseline(inp) if baseline else None
-        if baseline:
-            gates["bf16"] = ("cublas", env.baseline_gate(replace(case0, path="cublas", layout="dense"), binp))
-        for s, (path, g) in gates.items():
-            sides[s]["paths"][nm] = path
-            if not g.ok:
-                sides[s]["gate"] = "BLOCKED"
-                reasons[s].append(f"{nm} ({path}): {g.reason}")
-        parts[nm] = (shape, inp, binp)
-    for s in sides:
-        sides[s]["reason"] = "; ".join(reasons[s])
-    return parts, sides
-
-
-def step_copies(parts: dict, dense: bool = False):
-    """Each shape's weight (dense: its decoded matrix) and clones, one per call in the step."""
-    return functools.cache(lambda: {nm: rotation(p[2].w if dense else p[1].w, STEP_COUNTS[nm])
-                                    for nm, p in parts.items()})
+CHAIN_NOTE = ("chained: each call reads the first M*K elements of its source's output (in_proj_ba the "
+              "layer input); values kept bounded by weight copies scaled by powers of two chosen along "
+              "the chain (fp16 scales times 2^e, codes unchanged): no kernel added to the timed graph")
 
 
 def run_step(env, cfg: Config, item: Item, bw: float | None, rows: dict) -> dict:
-    """One decode step as one graph: 257 projections in model order, each its own weight copy."""
-    m, order, shapes = item.m, step_order(), step_shapes()
+    """One decode step as one graph: the chained calls of plan.step_chain() (257 PQ2 projections
+    and 48 dense in_proj_ba), each on its own weight copy, timed in alternating rounds with
+    the speed-of-light reads of the same bytes (plain and PDL launches)."""
+    m, chain, shapes = item.m, step_chain(), step_shapes()
+    check_chain(chain, shapes)
     parts, sides = step_parts(env, cfg, m, {"a": cfg.a, "b": cfg.b})
-    pq2_total = sum(pq2_nbytes(shapes[nm].n, shapes[nm].k) for nm in order)
-    bf16_total = sum(dense_nbytes(shapes[nm].n, shapes[nm].k, cfg.dtype) for nm in order)
-    floor_ms = pq2_total / (bw * 1e9) * 1e3 if bw else None
+    nbytes = [call_nbytes(shapes[nm], cfg.dtype) for nm, _ in chain]
+    dense_total = sum(nb for nb, (nm, _) in zip(nbytes, chain) if shapes[nm].dense)
+    total = sum(nbytes)
+    bf16_total = sum(dense_nbytes(shapes[nm].n, shapes[nm].k, cfg.dtype) for nm, _ in chain)
+    floor_ms = total / (bw * 1e9) * 1e3 if bw else None
     row = {"kind": "step", "key": item.key, "m": m, "dtype": cfg.dtype, "layout": cfg.layout,
-           "calls": len(order), "weight_bytes": pq2_total, "bf16_bytes": bf16_total, "floor_ms": floor_ms,
-           "bw_gbps": bw, "sides": sides, "ratios": {}, "control": sides["a"]["paths"] == sides["b"]["paths"]}
+           "calls": len(chain), "dense_calls": sum(shapes[nm].dense for nm, _ in chain),
+           "weight_bytes": total, "pq2_bytes": total - dense_total, "dense_bytes": dense_total,
+           "bf16_bytes": bf16_total, "floor_ms": floor_ms, "bw_gbps": bw, "sides": sides, "sol": {},
+           "ratios": {}, "control": sides["a"]["paths"] == sides["b"]["paths"], "note": CHAIN_NOTE}
     blocked = [s for s in sides if sides[s]["gate"] != "PASS"]
     if not env.can_time:
         return {**row, "status": "blocked" if blocked else "skipped", "note": env.why_not}
-    method = _bf16_step_method(cfg, env, pq2_total, bf16_total)
+    method = _bf16_step_method(cfg, env, total, bf16_total)
     sides["bf16"]["method"] = method
-    pq2_copies = step_copies(parts)
-    contestants = [step_contestant(s, sides[s]["paths"], parts, m, pq2_copies)
+    weights = step_weights(parts)
+    contestants = [step_contestant(s, sides[s]["paths"], parts, m, weights)
                    for s in ("a", "b") if s not in blocked]
     if method == "graph" and "bf16" not in blocked:
-        contestants.append(step_contestant("bf16", None, parts, m, step_copies(parts, dense=True), dense_w=True))
+        contestants.append(step_contestant("bf16", None, parts, m, step_weights(parts, dense=True), dense_w=True))
+    if env.runs_kernels:      # the chain's values, once, eagerly (outside the timed graphs)
+        for c in contestants:
+            sides[c.label]["values"] = chain_stats(c)
+        env.release()
+    reads = [Call("", shapes[nm].n, shapes[nm].k, 0, nb) for nb, (nm, _) in zip(nbytes, chain)]
+    contestants += sol_contestants(weights, reads)
     times, reps, clocks, failed = measure(env, contestants, cfg)
     for c in contestants:
+        dest = row["sol"].setdefault(c.label, {"pdl": c.label == "sol_pdl"}) if c.label.startswith("sol") \
+            else sides[c.label]
         if c.label in failed:
-            sides[c.label]["error"] = failed[c.label]
+            dest["error"] = failed[c.label]
             continue
-        s = sides[c.label]
-        _fill(s, c, times[c.label], reps[c.label], clocks[c.label], bw, 1e3)   # ms per step
+        _fill(dest, c, times[c.label], reps[c.label], clocks[c.label], bw, 1e3)   # ms per step
         if c.label != "bf16":
-            s["pct_floor"] = floor_ms / s["time"]["median"] if floor_ms else None
-    row["ratios"] = round_ratios(times, [("a", "b"), ("bf16", "b"), ("bf16", "a")])
+            dest["pct_floor"] = floor_ms / dest["time"]["median"] if floor_ms else None
+    row["ratios"] = round_ratios(times, [("a", "b"), ("bf16", "b"), ("bf16", "a")]
+                                 + [(s, sol) for sol in ("sol", "sol_pdl") for s in ("a", "b")])
     if method == "sum" and "bf16" not in blocked:
         _summed_bf16(row, rows, m)
-    row["status"] = "error" if failed else "blocked" if blocked else "timed"
+    bad = [lab for lab in failed if not lab.startswith("sol")]   # a failed SOL read is noted, not fatal
+    row["status"] = "error" if bad else "blocked" if blocked else "timed"
     return row
 
 
 def _summed_bf16(row: dict, rows: dict, m: int) -> None:
-    """The BF16 step as the per-shape cuBLAS medians of this run times the calls per step."""
+    """The BF16 step as the per-shape cuBLAS medians of this run times the calls per step
+    (separate calls on fixed inputs: not chained)."""
     bf = row["sides"]["bf16"]
     total, missing = 0.0, []
-    for nm, count in STEP_COUNTS.items():
-        r = rows.get(f"shape:{nm}:m{m}")
-        t = (r or {}).get("sides", {}).get("bf16", {}).get("time")
+    for nm, count in {**STEP_COUNTS, **STEP_DENSE}.items():
+        sd = (rows.get(f"shape:{nm}:m{m}") or {}).get("sides", {})
+        # a dense shape has no bf16 side: its cuBLAS time is the side that ran cublas
+        side = sd.get("bf16") if nm in STEP_COUNTS else next((v for v in sd.values() if v.get("path") == "cublas"), {})
+        t = (side or {}).get("time")
         if t is None:
             missing.append(nm)
         else:
@@ -195,7 +212,7 @@ def _summed_bf16(row: dict, rows: dict, m: int) -> None:
         return
     ms = total / 1e3
     bf["time"] = {"median": ms, "min": ms, "max": ms, "n": 1}
-    bf["note"] = "sum of per-shape cuBLAS medians x calls per step (not one graph)"
+    bf["note"] = "sum of per-shape cuBLAS medians x calls per step (not one graph, not chained)"
     for s in ("a", "b"):
         t = row["sides"][s].get("time")
         if t:

@@ -8,12 +8,15 @@ from ..weights import BLOCK, BLOCK_BYTES
 
 
 GB = 1e9
-# One decode step of Ternary Bonsai 2 27B (SPEC §6): PQ2 projections and their calls per step.
-# in_proj_ba (BF16, 48 calls, 47 MB) is not a PQ2 projection and is left out of the step.
+# One decode step of Ternary Bonsai 2 27B (SPEC §6): PQ2 projections and their calls per step,
+# and the unquantized BF16 in_proj_ba beside each DeltaNet in_proj (48 calls, 47 MB).
 STEP_COUNTS = {"gate_up": 64, "down": 64, "in_proj": 48, "qkv": 16, "out": 64, "lm_head": 1}
+STEP_DENSE = {"in_proj_ba": 48}
 STEP_LAYERS = 64
 DEFAULT_MS = (1, 2, 4, 8, 16, 128, 2048)
-STEP_MS = (1, 4, 8, 16)
+STEP_MS = (1, 2, 4, 8, 16)
+# the fixed-cost fit times each shape at N/d rows for d in FIT_DIVS (1: the full row itself)
+FIT_DIVS = (4, 2, 1)
 INTERP_MS = (1, 2, 17)
 # --quick fits a run in about 4 minutes of an H200 (gates, compiles and timing included): the
 # targets' M only, 7 rounds, and no new item started after 180 s.
@@ -21,8 +24,11 @@ PRESETS = {"quick": dict(ms=(1, 16, 2048), step_ms=(1, 16), pairs=7, warmup=2, b
            "full": dict(ms=None, step_ms=STEP_MS, pairs=9, warmup=3, budget_s=None, reruns=2)}
 M_PRIORITY = (1, 2048, 16, 4, 8, 2)   # the targets' M first, so a budget cut keeps them
 MIN_PAIRS = 7
-# H200 targets of the issue (fractions of the floor, speedups)
+# H200 targets of the issue (fractions of the floor, step times, speedups)
+TARGET_STEP_M = (1, 2, 4, 8, 16)
 TARGET_STEP_M1_FLOOR = 0.85
+TARGET_STEP_M1_MS = 1.75
+TARGET_STEP_M16_MS = 2.1
 TARGET_STEP_M1_VS_BF16 = 8.0
 TARGET_STEP_SMALL_FLOOR = 0.70
 TARGET_PREFILL_VS_BF16 = 1.25
@@ -112,18 +118,52 @@ def select_shapes(spec: str, default_set: str) -> list:
 
 
 def step_shapes() -> dict:
+    """The step's shapes by name: the PQ2 projections, then the dense in_proj_ba."""
     known = all_shapes()
-    return {name: known[name] for name in STEP_COUNTS}
+    return {name: known[name] for name in (*STEP_COUNTS, *STEP_DENSE)}
+
+
+def step_chain() -> list:
+    """The calls of one decode step in model order as (shape name, source), where source is the
+    index of the call whose output this call reads (-1: the step's input). 64 layers, every
+    fourth full attention (qkv) and the others DeltaNet (in_proj, then in_proj_ba on the same
+    layer input); each layer then its output projection (reading in_proj or qkv) and the MLP
+    (gate_up, down); lm_head reads the last down. 257 PQ2 calls and 48 dense ones."""
+    calls, src = [], -1
+    for layer in range(STEP_LAYERS):
+        first = "qkv" if layer % 4 == 3 else "in_proj"
+        calls.append((first, src))
+        head = len(calls) - 1
+        if first == "in_proj":
+            calls.append(("in_proj_ba", src))
+        for nm in ("out", "gate_up", "down"):
+            calls.append((nm, head))
+            head = len(calls) - 1
+        src = head
+    return calls + [("lm_head", src)]
 
 
 def step_order() -> list:
-    """The 257 PQ2 projections of one decode step in model order: 64 layers, every fourth a
-    full-attention layer (qkv) and the others DeltaNet (in_proj); each layer then its output
-    projection and the MLP (gate_up, down); lm_head last."""
-    seq = []
-    for layer in range(STEP_LAYERS):
-        seq += ["qkv" if layer % 4 == 3 else "in_proj", "out", "gate_up", "down"]
-    return seq + ["lm_head"]
+    """The 257 PQ2 projections of one decode step in model order (step_chain without the dense
+    calls)."""
+    return [nm for nm, _ in step_chain() if nm in STEP_COUNTS]
+
+
+def check_chain(chain: list, shapes: dict) -> None:
+    """Every call's K fits in its source's output row (the next input is the first M*K elements
+    of the source's [M, N] output, viewed as [M, K]): raise ValueError naming the pair."""
+    for i, (nm, src) in enumerate(chain):
+        if not -1 <= src < i:
+            raise ValueError(f"step call {i} ({nm}) reads call {src}, which does not run before it")
+        if src >= 0 and shapes[chain[src][0]].n < shapes[nm].k:
+            s = shapes[chain[src][0]]
+            raise ValueError(f"step call {i} ({nm}, K={shapes[nm].k}) cannot read call {src} "
+                             f"({s.name}, N={s.n}): its output row is shorter than K")
+
+
+def call_nbytes(shape: Shape, dtype: str) -> int:
+    """Weight bytes one call of `shape` reads: packed PQ2, or the dense matrix."""
+    return dense_nbytes(shape.n, shape.k, dtype) if shape.dense else pq2_nbytes(shape.n, shape.k)
 
 
 def order_ms(ms) -> list:

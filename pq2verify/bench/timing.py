@@ -169,6 +169,23 @@ def spread(vals) -> dict | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
+def fit_fixed_bw(points) -> dict | None:
+    """Least-squares line t = fixed + bytes / bw through (bytes, µs) points (one per row count
+    of a shape): fixed µs per call, the marginal GB/s (1 / slope; None when the slope is not
+    positive) and the largest residual as a fraction of its point's time. None with fewer
+    than two distinct byte counts."""
+    pts = [(float(b), float(t)) for b, t in points if t is not None]
+    if len({b for b, _ in pts}) < 2:
+        return None
+    mb = sum(b for b, _ in pts) / len(pts)
+    mt = sum(t for _, t in pts) / len(pts)
+    slope = sum((b - mb) * (t - mt) for b, t in pts) / sum((b - mb) ** 2 for b, _ in pts)
+    fixed = mt - slope * mb
+    resid = max(abs(t - fixed - slope * b) / t for b, t in pts)
+    return {"fixed_us": fixed, "gbps": 1e-3 / slope if slope > 0 else None, "max_resid": resid,
+            "points": [[b, t] for b, t in pts]}
+
+
 def round_ratios(times: dict, pairs) -> dict:
     """'{y}_over_{x}': speedup of y over x per round, t_x / t_y (> 1: y faster), as a spread."""
     out = {}
