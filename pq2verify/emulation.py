@@ -49,14 +49,16 @@ def quantize_q8(x: torch.Tensor):
     return q.reshape(m, k), scale
 
 
-def _signed_codes(w: PQ2Weight) -> torch.Tensor:
-    """int8 [N, K] in {-1, 0, 1}, cached on the weight."""
+def _signed_codes(w: PQ2Weight, cache: bool = True) -> torch.Tensor:
+    """int8 [N, K] in {-1, 0, 1}, cached on the weight unless cache=False (a caller that keeps
+    its own layout of them: one byte per weight twice is 5 GB on a 1.3B-weight model)."""
     c = w._views.get("emu_codes")
     if c is None:
         b = w.codes_matrix().to(torch.int16)                       # [N, K/4]
         parts = [((b >> (2 * s)) & 3) for s in range(4)]            # weight 4*j + s
         c = torch.stack(parts, dim=2).reshape(w.n, w.k).to(torch.int8) - 1
-        w._views["emu_codes"] = c
+        if cache:
+            w._views["emu_codes"] = c
     return c
 
 
@@ -136,7 +138,7 @@ def _dots_int_mm(q, w):
     [G, 128, N] cached on the weight."""
     ct = w._views.get("emu_codes_i8_t")
     if ct is None:
-        ct = _signed_codes(w).reshape(w.n, w.groups, BLOCK).permute(1, 2, 0).contiguous().unbind(0)
+        ct = _signed_codes(w, cache=False).reshape(w.n, w.groups, BLOCK).permute(1, 2, 0).contiguous().unbind(0)
         w._views["emu_codes_i8_t"] = ct
     out = torch.empty(w.groups, q.shape[0], w.n, dtype=torch.int32)
     # unbind: every group's view in one call (decode runs thousands of these per token)

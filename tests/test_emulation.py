@@ -114,9 +114,11 @@ def test_cache_lives_on_the_weight():
     w = weight()
     x = gen.activations(2, 640, 11)
     E.emulate("int_gemv", x, w)
-    assert "emu_codes" in w._views
+    assert any(k.startswith("emu_codes") for k in w._views)          # the GEMM's layout of the codes
+    if E.gemm_kind() == "int_mm":   # ... and only that one: two copies are 5 GB on a 1.5B model
+        assert [k for k in w._views if k.startswith("emu_codes")] == ["emu_codes_i8_t"]
     w2 = weight(seed=2)
-    assert "emu_codes" not in w2._views
+    assert not any(k.startswith("emu_codes") for k in w2._views)
     assert not torch.equal(E.emulate("int_gemv", x, w), E.emulate("int_gemv", x, w2))
 
 
