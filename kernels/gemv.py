@@ -222,8 +222,8 @@ def run(x, w, *, out=None, dots=None, check=True, config=None):
     pdl = cfg["PDL"] and not common.INTERPRET and x.device.type == "cuda"
     # split-K: per-call partials and arrival counters (never shared between calls or graphs);
     # the quantize kernel zeroes the counters before this call's GEMV reads them
-    count = torch.empty(row_tiles if split > 1 else 0, dtype=torch.int32, device=x.device)
-    q, xs, t = prepare.quantize_q8(x, order="plane", pdl=pdl, zero=count if split > 1 else None)
+    count = torch.empty(row_tiles, dtype=torch.int32, device=x.device) if split > 1 else None
+    q, xs, t = prepare.quantize_q8(x, order="plane", pdl=pdl, zero=count)
     launch(q, xs, t, w, out, cfg, pdl=pdl, count=count, dots=dots)
     return out
 

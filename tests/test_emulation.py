@@ -8,10 +8,7 @@ from pq2verify import emulation as E
 from pq2verify import registry
 from pq2verify.weights import PQ2Weight
 
-ref = pytest.importorskip("reference.projection")
-q8 = pytest.importorskip("reference.q8")
-gen = pytest.importorskip("reference.generate")
-metrics = pytest.importorskip("reference.metrics")
+from reference import projection as ref, q8, generate as gen, metrics
 
 KINDS = ("normal", "heavy", "outliers", "zero_groups", "ties")
 INTEGER = [p.name for p in registry.PATHS if p.weight == "pq2" and p.arithmetic == "integer"]

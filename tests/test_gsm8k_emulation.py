@@ -7,8 +7,7 @@ import torch
 from pq2verify import emulation as E
 from pq2verify.weights import PQ2Weight
 
-ref = pytest.importorskip("reference.projection")
-gen = pytest.importorskip("reference.generate")
+from reference import projection as ref, generate as gen
 
 
 def _weight(n=96, k=640, seed=1):

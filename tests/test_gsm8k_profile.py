@@ -33,3 +33,12 @@ def test_profile_tool_reports_a_failed_run(tmp_path, device):
     out = subprocess.run([sys.executable, str(TOOL), "--device", "cpu", "--limit", "2", "--out", str(tmp_path),
                           "--model", str(tmp_path / "missing")], capture_output=True, text=True, timeout=600)
     assert out.returncode != 0 and "rerun:" in out.stderr
+
+
+@pytest.mark.parametrize("args,bad", [(["--top", "0"], "--top 0"), (["--limit", "-1"], "--limit -1"),
+                                      (["--jobs", "0"], "--jobs 0"), (["--device", "tpu"], "--device")])
+def test_profile_tool_refuses_impossible_options(args, bad, tmp_path):
+    out = subprocess.run([sys.executable, str(TOOL), *args, "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and bad in out.stderr, out.stderr
+    assert not (tmp_path / "run").exists()                  # refused before any work

@@ -29,13 +29,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--limit", type=int, default=8)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--top", type=int, default=30, help="cProfile rows printed (cumulative time)")
     p.add_argument("--out", default=None, help="directory for the run, its report and the profile")
     given = sys.argv[1:] if argv is None else list(argv)
     args, extra = p.parse_known_args(given)
+    for name in ("limit", "jobs", "top"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} {getattr(args, name)}: expected an integer >= 1")
     out = Path(args.out or tempfile.mkdtemp(prefix="gsm8k-profile-"))
     out.mkdir(parents=True, exist_ok=True)
     prof, run_dir = out / "gsm8k.prof", out / "run"
