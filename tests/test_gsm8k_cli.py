@@ -310,3 +310,17 @@ def test_stop_sequences_cut_the_text(tiny_model):
     assert g._cut([0, 26, 1, 2]) == ("A", "stop:\nB")
     assert g._cut([0, 25]) == ("A", "eos")
     assert g._cut([0, 2]) == ("AC", None)
+
+
+def test_workers_spread_over_visible_gpus(monkeypatch):
+    """With several GPUs the worker processes take them round-robin (this process keeps the
+    first); one GPU or the CPU leaves the environment alone."""
+    from pq2verify.gsm8k.cli import worker_gpu
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert worker_gpu("cpu", 1, count=4) == {}
+    assert worker_gpu("cuda", 1, count=1) == {}
+    assert [worker_gpu("cuda", p, count=2) for p in (1, 2, 3)] == [
+        {"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")     # physical ids, as the parent was given them
+    assert worker_gpu("cuda", 1, count=2) == {"CUDA_VISIBLE_DEVICES": "7"}
+    assert worker_gpu("cuda", 2, count=2) == {"CUDA_VISIBLE_DEVICES": "5"}

@@ -8,7 +8,8 @@ Exit status: 0 done; 1 more answers differ than --max-diff; 2 bad arguments or i
 4 a run's worker process failed (its own error is printed; rerunning resumes).
 
 On a GPU the runs (A, B, and the A/A control) are generated at once, each in its own process
-(--jobs): decode there is bound by kernel launches on the host, not by the GPU. Each run is
+(--jobs): decode there is bound by kernel launches on the host, not by the GPU. With several GPUs
+visible the worker processes take them round-robin (this process keeps the first). Each run is
 still exactly its own function: batches and their Ms do not depend on the other runs.
 Runs in one process (the CPU default, --jobs 1) go batch by batch and copy each other's
 prefills wherever their paths and fold order at that M are the same (bit for bit what they
@@ -276,7 +277,8 @@ def _main(args) -> int:
                  "batch_size": args.batch_size, "shared_prefix_tokens": prefix_len,
                  "prompt_hashes": {q: data.prompt_hash(prompts[q]) for q in ids},
                  "example_prompt": prompts[ids[0]]},
-        "backend": bkey, "device": device, "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
+        "backend": bkey, "device": device,
+        "gpus": min(jobs, torch.cuda.device_count()) if device == "cuda" else None, "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
         "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
         "predicted_paths": {"a": pa, "b": pb},
         "runs": [{k: v for k, v in r.items() if k != "recs"} for r in runs],
@@ -312,5 +314,21 @@ def _spawn(args, device, out, label, position) -> subprocess.Popen:
     cmd += ["--control"] if args.control else []
     cmd += ["--all"] if args.all else []
     cmd += [] if args.floor else ["--no-floor"]
-    env = {**os.environ, "PQ2VERIFY_BAR_POSITION": str(position)}
+    env = {**os.environ, "PQ2VERIFY_BAR_POSITION": str(position), **worker_gpu(device, position)}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+
+
+def worker_gpu(device: str, position: int, count: int | None = None) -> dict:
+    """The environment that puts worker `position` (1, 2, ...; this process is 0) on its own GPU
+    when several are visible, round-robin: the runs are bound by the host's kernel launches, and
+    processes sharing one GPU time-slice it. Identical GPUs compute identical bits, so where a
+    run executes does not change what it computes. {} on the CPU or with one GPU."""
+    if device != "cuda":
+        return {}
+    import torch
+    count = torch.cuda.device_count() if count is None else count
+    if count < 2:
+        return {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(count)]
+    return {"CUDA_VISIBLE_DEVICES": ids[position % min(count, len(ids))]}
