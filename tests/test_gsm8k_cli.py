@@ -324,3 +324,19 @@ def test_workers_spread_over_visible_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")     # physical ids, as the parent was given them
     assert worker_gpu("cuda", 1, count=2) == {"CUDA_VISIBLE_DEVICES": "7"}
     assert worker_gpu("cuda", 2, count=2) == {"CUDA_VISIBLE_DEVICES": "5"}
+
+
+def test_progress_in_a_log_is_lines_not_carriage_returns():
+    """In a non-TTY stream (CI, a pipe, a GPU runner's log) the per-run question counter is a
+    plain line every few seconds, never a \\r counter; the last update always prints."""
+    import io
+    from pq2verify.gsm8k.execute import _bar
+    buf = io.StringIO()
+    bar = _bar(3, "a legacy", 0, stream=buf)
+    for _ in range(3):
+        bar.set_postfix_str("36.5 tok/s")
+        bar.update(1)
+    bar.close()
+    text = buf.getvalue()
+    assert "\r" not in text
+    assert text.strip().splitlines()[-1].startswith("[3/3]") and "a legacy" in text

@@ -101,3 +101,22 @@ def test_markdown_shows_floor_teacher_and_verdict():
     assert "## Noise floor and teacher forcing" in md and "at M 1-16" in md
     assert "| A vs B | 1/1 | 1/1 | 0 (0 / 0) | n/a (n/a) | 0.5 | 100.00% | 0.1 (0, 0) |" in md
     assert "**Verdict: beyond arithmetic noise**" in md and "p = 0.5" in md
+
+
+def test_flip_counts_come_with_their_swapped_control():
+    """A/B flips are counted against F's drift and A/F flips against B's drift (against its own
+    drift a run's flips are always within); the report prints both counts."""
+    import copy
+    top_a = [[[1, -0.1], [2, -3.0]], [[7, -0.5], [8, -0.8]]]
+    lpk = [[-0.1, -3.0], [-0.55, -0.75]]            # each follower moved A's 0.3 margin by 0.1
+    a = rec([1, 7], top_a, "1", False, {n: {"kl": [0, 0], "top1": [True, True], "lpk": copy.deepcopy(lpk)}
+                                       for n in ("b", "f")})
+    other = rec([1, 8], [[[1, -0.1], [2, -3.0]], [[8, -0.6], [7, -0.7]]], "2")
+    cmp_b, cmp_f = report.compare({0: a}, {0: other}), report.compare({0: a}, {0: other})
+    floor.classify(cmp_b, {0: a}, "f")
+    floor.classify(cmp_f, {0: a}, "b")
+    assert cmp_f["drift_of"] == "b" and cmp_f["answer_diffs_vs_floor"]["beyond floor drift"] == 1
+    rep = {"compare": cmp_b, "floor": {"fold_reversed_m": "1-16", "compare": cmp_f}, "teacher": {}}
+    text = "\n".join(report._floor_section(rep))
+    assert "A/B answer flips against the floor's drift at their step: within 0, beyond 1" in text
+    assert "A/F answer flips against B's drift at their step: within 0, beyond 1" in text

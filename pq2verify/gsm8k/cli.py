@@ -258,8 +258,10 @@ def _main(args) -> int:
     if args.floor:
         fl = {"fold_reversed_m": by["f"]["fold_reversed_m"],
               "compare": report.compare(by["a"]["recs"], by["f"]["recs"], decode=decode, near_tie=near_tie)}
-        for c in (cmp, fl["compare"]):
-            floor.classify(c, by["a"]["recs"], "f")
+        # A/B flips against F's drift; the control swaps the roles: A/F flips against B's drift
+        # (against its own drift a run's flips are always "within": it flipped there)
+        floor.classify(cmp, by["a"]["recs"], "f")
+        floor.classify(fl["compare"], by["a"]["recs"], "b")
 
     errors = []
     paths_a, paths_b = sorted(runs[0]["trace"]), sorted(runs[1]["trace"])

@@ -250,13 +250,33 @@ def _ranges(c: Counter) -> str:
     return ", ".join(out)
 
 
-def _bar(total, desc, position):
-    try:
-        from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True, position=position)
-    except ImportError:
-        class _No:
-            def update(self, n): pass
-            def set_postfix_str(self, s): pass
-            def close(self): pass
-        return _No()
+def _bar(total, desc, position, stream=None):
+    """Questions done: a tqdm bar on a terminal; in a log (CI, a pipe, a GPU runner), a plain line
+    every few seconds (pq2verify.progress), never a carriage-return counter."""
+    stream = stream or sys.stderr
+    if getattr(stream, "isatty", lambda: False)():
+        try:
+            from tqdm import tqdm
+            return tqdm(total=total, desc=desc, unit="q", file=stream, dynamic_ncols=True, position=position)
+        except ImportError:
+            pass
+    return _LineBar(total, desc, stream)
+
+
+class _LineBar:
+    """tqdm's update / set_postfix_str / close, written as progress.Progress lines."""
+
+    def __init__(self, total, desc, stream):
+        from ..progress import Progress
+        self.n, self.desc, self.post = 0, desc, ""
+        self.p = Progress(total, stream=stream)
+
+    def update(self, n: int) -> None:
+        self.n += n
+        self.p.update(self.n, f"{self.desc} questions {self.post}".rstrip())
+
+    def set_postfix_str(self, s: str) -> None:
+        self.post = s
+
+    def close(self) -> None:
+        self.p.close()

@@ -19,7 +19,10 @@ Each flip (the first differing token of A/B or A/F) is also classified against t
 floor measured at that very step: F's teacher-forced change of A's margin between the two
 tokens, |(lp_F(a) - lp_F(b)) - (lp_A(a) - lp_A(b))|. A margin no larger than that drift is
 "within floor drift" (the floor's reordering moved this very margin as far); else "beyond floor
-drift", or "n/a" where B's token is outside A's recorded top-k.
+drift", or "n/a" where B's token is outside A's recorded top-k. Selection makes a flip look
+large against any single other run's drift at that step, so the count is read against its
+control with the roles swapped: A/F flips against B's drift. Two reorderings that are equally
+noisy give alike counts; a real fault gives many more A/B flips beyond F's drift.
 """
 from math import comb
 
@@ -127,3 +130,4 @@ def classify(cmp: dict, recs_a: dict, floor: str) -> None:
         if i < len(cmp["diffs"]):
             counts[row["vs_floor"]] += 1
     cmp["answer_diffs_vs_floor"] = counts
+    cmp["drift_of"] = floor

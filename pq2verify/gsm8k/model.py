@@ -21,6 +21,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,9 @@ def load_hf(path: str, dtype: torch.dtype):
     """(model, tokenizer) from a Hugging Face directory or a GGUF file, offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not sys.stderr.isatty():     # in a log, no carriage-return bars from the loader
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf" and os.environ.get("PQ2VERIFY_NO_CACHE") != "1":
         p = _gguf_cached(p)

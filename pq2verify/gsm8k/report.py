@@ -207,6 +207,12 @@ def _floor_section(rep: dict) -> list[str]:
     if v:
         L.append(f"- A/B answer flips against the floor's drift at their step: within {v['within floor drift']}, "
                  f"beyond {v['beyond floor drift']}, not measurable {v['n/a']}")
+    fc = (rep.get("floor") or {}).get("compare") or {}
+    w = fc.get("answer_diffs_vs_floor")
+    if w and fc.get("drift_of") == "b":
+        L.append(f"- control, roles swapped: A/F answer flips against B's drift at their step: within "
+                 f"{w['within floor drift']}, beyond {w['beyond floor drift']}, not measurable {w['n/a']} "
+                 "(equally noisy reorderings give alike counts)")
     return L
 
 
