@@ -145,11 +145,6 @@ PATHS: tuple[Path, ...] = (
     Path("small_mma", "kernels.small_mma", "tuned", 2, 16, tol_reason=_OUT,
          dots_equal_to="int_gemv", counterpart="int_gemv",
          description="four masked code planes into INT8 MMA; split-K with fixed-order reduction"),
-    Path("gemv_rows", "kernels.gemv_rows", "tuned", 2, 16, tol_reason=_OUT,
-         dots_equal_to="int_gemv", counterpart="int_gemv",
-         description="M=2-16: gemv's masked-plane DP4A, each weight word read once for all M rows",
-         deselected="not timed yet: written 2026-11-30 after the session's H200 time was spent; "
-                    "small_mma stays the tuned M=2-16 path until the bench measures this one"),
     Path("mmq_planes", "kernels.mmq_planes", "tuned", 17, None, tol_reason=_OUT,
          bit_identical_to="mmq", dots_equal_to="mmq", counterpart="mmq",
          description="prefill: four masked-plane K=32 int8 dots per group, mmq's fold order",
