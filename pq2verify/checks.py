@@ -215,21 +215,6 @@ def _abs_sum(p: registry.Path, inp) -> np.ndarray:
     return cache[which]
 
 
-def _q8_floor(inp, p: registry.Path, dt) -> float:
-    """The least dense-reference bound the exact Q8 arithmetic itself meets on these inputs:
-    e_q + tol_q * |Q| / |D| (e_q the quantized FP64 reference's own relative RMS against the
-    dense one, Q and D those references). By the triangle inequality an output within tol_q of Q
-    is within this of D, so where the generated input's own Q8 error exceeds registry.Q8_BUDGET
-    (outlier channels at 50x on a long K reach ~0.031) the dense check judges the kernel, not
-    the input: every integer path, legacy included, would fail the budget there."""
-    from reference import metrics
-    q, d = inp.reference("quantized"), inp.reference("dense")
-    nd = float(np.linalg.norm(d))
-    if not nd:
-        return 0.0
-    return metrics.relative_rms(q, d) + p.tolerance(dt, "quantized") * float(np.linalg.norm(q)) / nd
-
-
 def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
     """Per element: |y - Y| <= F + spacing(|Y| + F) / 2 (registry.FOLD_REASON says why)."""
     from reference import metrics
@@ -324,7 +309,8 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
             err = metrics.relative_rms(ys, inp.reference(which))
             tol = p.tolerance(dt, which)
             if which == "dense" and p.reference == "quantized":
-                tol = max(tol, _q8_floor(inp, p, dt))
+                tol = max(tol, registry.q8_allowance(inp.reference("quantized"), inp.reference("dense"),
+                                                     p.tolerance(dt, "quantized"))[1])
             setattr(r, f"rel_rms_{which}", err)
             setattr(r, f"tol_{which}", tol)
             if not err <= tol:

@@ -56,8 +56,9 @@ class Call:
     key: str
     layer: str        # the PQ2 weight's name
     kind: str         # the name without the model's layer index, e.g. 'mlp.down_proj'
-    position: int
+    position: int | str   # the captured decode position; 'M<m>' for a batched call (batched())
     x: torch.Tensor   # on the device
+    distinct: int = 0  # a batched call's distinct rows (its first ones; the rest repeat them); 0: all
 
 
 _INDEX = re.compile(r"(?:^|\.)(\d+)\.(.+)$")
@@ -80,9 +81,12 @@ def default_capture(key: str) -> Path:
     return own if (own / golden.MANIFEST).exists() else golden.default_dir("sm90") / "model"
 
 
-def load(capture: Path, device, *, positions=None, layers=None, limit=None):
+def load(capture: Path, device, *, positions=None, layers=None, limit=None, ms=(1,)):
     """(manifest, [Call], {name: PQ2Weight on device}) for the selected records. The weights are
-    re-derived by the model runner and must hash to the captured ones."""
+    re-derived by the model runner and must hash to the captured ones. ms: the call sizes M
+    replayed; M = 1 is one call per captured position, M > 1 two calls per weight whose rows are
+    that weight's captured positions repeated to M rows (the second rotated by one row), so the
+    paths that serve a decode batch run on real activations too (batched())."""
     try:
         g = golden.load(capture)
     except (golden.NoCapture, golden.GoldenIntegrityError) as e:
@@ -122,7 +126,24 @@ def load(capture: Path, device, *, positions=None, layers=None, limit=None):
     t = g.tensors("model.safetensors")
     calls = [Call(r["key"], r["layer"], kind_of(r["layer"]), r["position"], t[r["key"] + "/x"].to(device))
              for r in recs]
-    return man, calls, weights
+    return man, batched(calls, ms), weights
+
+
+def batched(calls: list, ms) -> list:
+    """The M = 1 calls (if 1 is in ms) and, per M > 1, two calls per weight of M rows: its
+    captured rows cycled from row 0, then from row 1. position is 'M<m>' for those."""
+    out = [c for c in calls if 1 in ms]
+    by_layer = {}
+    for c in calls:
+        by_layer.setdefault(c.layer, []).append(c.x)
+    for m in sorted(v for v in set(ms) if v > 1):
+        for layer, xs in by_layer.items():
+            x = torch.cat(xs)
+            for r in range(2):
+                idx = torch.tensor([(r + i) % x.shape[0] for i in range(m)], device=x.device)
+                out.append(Call(f"{layer}/M{m}.{r}", layer, kind_of(layer), f"M{m}", x.index_select(0, idx),
+                                min(m, x.shape[0])))
+    return out
 
 
 # --- FP64 references, once per weight for all of its calls (rows are independent) ----------
@@ -239,9 +260,9 @@ class Fault:
                 raise ReplayError(f"--fault fold_reversed: B's path for {c.key} writes no integer dots "
                                   "(a floating path has no group fold to reorder)")
             return _refold_reversed(c.x, w, dots.to(y.device), y.dtype)
-        if self.name == "stale_tile":
-            n = self._seen.get(c.layer, 0)
-            self._seen[c.layer] = n + 1
+        if self.name == "stale_tile":     # the second call of each (weight, M)
+            n = self._seen.get((c.layer, c.x.shape[0]), 0)
+            self._seen[(c.layer, c.x.shape[0])] = n + 1
             if n == 1:
                 y = y.clone()
                 y[:, :STALE_TILE_N] = prev[:, :STALE_TILE_N]
@@ -253,6 +274,15 @@ def check_fault_name(spec: str) -> str:
     if name not in FAULTS:
         raise ReplayError(f"--fault {spec!r}: unknown fault {name!r}; expected one of {', '.join(FAULTS)}")
     return name
+
+
+def _two_inputs(calls: list, layer: str) -> bool:
+    """Whether some M has two calls of `layer` on different inputs (a stale tile can show)."""
+    by_m = {}
+    for c in calls:
+        if c.layer == layer:
+            by_m.setdefault(c.x.shape[0], []).append(c.x)
+    return any(len(xs) > 1 and not torch.equal(xs[0], xs[1]) for xs in by_m.values())
 
 
 def parse_fault(spec: str, calls: list) -> Fault:
@@ -269,7 +299,7 @@ def parse_fault(spec: str, calls: list) -> Fault:
         targets = [n for n in names if where in n]
     if not targets:
         raise ReplayError(f"--fault {spec!r}: {where!r} matches no replayed weight, e.g. {names[:2]}")
-    if name == "stale_tile" and all(sum(c.layer == t for c in calls) < 2 for t in targets):
+    if name == "stale_tile" and not any(_two_inputs(calls, t) for t in targets):
         raise ReplayError(f"--fault {spec!r}: needs two replayed calls of a target (the tile comes from the "
                           "previous call); replay more positions")
     return Fault(name, targets, where)
@@ -329,8 +359,8 @@ def run_side(spec: dict, calls, weights, fault: Fault | None = None, log=None, c
             w = weights[c.layer] if fault is None else fault.weight(c.layer, weights[c.layer])
             y, path, dots, src, notes = _call(c.x, w, _emulated_dots(c, weights[c.layer], cache))
             if fault is not None:
-                y = fault.output(c, w, y, dots, prev.get(c.layer))
-            prev[c.layer] = y
+                y = fault.output(c, w, y, dots, prev.get((c.layer, c.x.shape[0])))
+            prev[(c.layer, c.x.shape[0])] = y
             outs.append(Out(path, y.cpu(), None if dots is None else dots.cpu().to(torch.int64), src, notes))
             if log and (i + 1) % 60 == 0:
                 log(f"  {i + 1}/{len(calls)} calls")
@@ -365,11 +395,8 @@ def bias(y64: np.ndarray, ref: np.ndarray, dtype) -> tuple[float, float]:
 
 def _q8_allowance(r: dict, c: Call, refs: References, tol_q: float) -> float:
     """An integer path's dense bound where the inputs alone break the Q8 budget (Q8_WHY)."""
-    from reference import metrics
-    q, d = refs.get(c, "quantized"), refs.get(c, "dense")
-    r["q8_error"] = e_q = metrics.relative_rms(q, d)
-    nd = float(np.linalg.norm(d))
-    return e_q + tol_q * float(np.linalg.norm(q)) / nd if nd else 0.0
+    r["q8_error"], bound = registry.q8_allowance(refs.get(c, "quantized"), refs.get(c, "dense"), tol_q)
+    return bound
 
 
 def side_metrics(c: Call, out: Out, refs: References) -> dict:
@@ -406,7 +433,10 @@ def side_metrics(c: Call, out: Out, refs: References) -> dict:
             m_, n_, g_ = (int(v) for v in np.argwhere(out.dots.numpy() != want)[0])
             r["failures"].append(f"{out.path}: integer group dots ({out.dots_from}) differ from the exact ones, "
                                  f"first at m={m_}, n={n_}, group {g_}")
-    r["t_scale"], r["t_offset"] = bias(y64, ref, dt)
+    # over distinct rows only: a repeated row repeats its errors, which the t statistic would
+    # count as independent evidence (a correct path read as biased at M = 16 from 3 rows)
+    d = c.distinct or None
+    r["t_scale"], r["t_offset"] = bias(y64[:d], ref[:d], dt)
     return r
 
 
@@ -445,9 +475,15 @@ def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None
                     fails.append(f"{side} {r['path']}: biased, {stat} = {r[stat]:.3g} standard errors (|t| > {z:.2f})")
         rows.append({"key": c.key, "layer": c.layer, "kind": c.kind, "position": c.position, "m": c.x.shape[0],
                      "n": int(a.y.shape[1]), "k": int(c.x.shape[1]), "a": ra, "b": rb, "ab": ab, "failures": fails})
+    # pooled over each captured row once: the M = 1 calls, else the first batched call of each
+    # weight at the smallest M (its distinct rows are every captured row)
+    once = [r for r in rows if isinstance(r["position"], int)]
+    if not once and rows:
+        m0 = min(r["m"] for r in rows)
+        once = [r for r in rows if r["m"] == m0 and r["key"].endswith(".0")]
     pooled = {}
     for kind in kinds:
-        mine = [r for r in rows if r["kind"] == kind]
+        mine = [r for r in once if r["kind"] == kind]
         d = {}
         for side in ("a", "b"):
             for stat in ("t_scale", "t_offset"):

@@ -23,6 +23,19 @@ from .cli import UsageError, check_writable, positive_int
 SEPARATION = ("none", "fold_reversed", "scale_ulp", "scale_1pct", "scale_1pct:all", "drop_group", "stale_tile")
 
 
+DEFAULT_M = (1, 4, 16)
+
+
+def _ms(s: str) -> tuple:
+    try:
+        v = tuple(sorted({int(t) for t in s.split(",") if t.strip()}))
+    except ValueError:
+        v = ()
+    if not v or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {s!r}")
+    return v
+
+
 def _positions(s: str) -> list[int]:
     try:
         v = [int(t) for t in s.split(",") if t.strip()]
@@ -47,7 +60,12 @@ def register(sub) -> None:
     p.add_argument("--positions", type=_positions, default=None,
                    help="decode positions to replay (default: all captured)")
     p.add_argument("--layers", default=None, help="only weights whose name contains this text")
-    p.add_argument("--limit", type=positive_int, default=None, help="first N calls of the selection")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="first N captured calls of the selection (the M > 1 calls are built from them)")
+    p.add_argument("--m", type=_ms, default=DEFAULT_M, metavar="M,..",
+                   help="call sizes replayed (default 1,4,16): M = 1 one call per captured position; M > 1 two "
+                        "calls per weight of its captured rows repeated to M rows, so the paths serving decode "
+                        "batches run on real activations too")
     one = p.add_mutually_exclusive_group()
     one.add_argument("--fault", default=None, help="B-side variant NAME[:WHERE], WHERE all | a layer index | a name "
                      "substring; NAME: " + "; ".join(f"{k}: {v[1]}" for k, v in replay.FAULTS.items()))
@@ -76,6 +94,8 @@ def command(args) -> str:
             parts += [f"--{opt}", str(v)]
     if args.positions is not None:
         parts += ["--positions", ",".join(map(str, args.positions))]
+    if tuple(args.m) != DEFAULT_M:
+        parts += ["--m", ",".join(map(str, args.m))]
     return shlex.join(parts)
 
 
@@ -132,7 +152,8 @@ def _main(args, spec_a, spec_b) -> int:
     if args.capture_first:
         from . import golden_model
         golden_model.capture_model(capture, device, positions=args.positions or golden_model.POSITIONS, log=log)
-    man, calls, weights = replay.load(capture, device, positions=args.positions, layers=args.layers, limit=args.limit)
+    man, calls, weights = replay.load(capture, device, positions=args.positions, layers=args.layers, limit=args.limit,
+                                      ms=args.m)
     names = list(weights)
     variants = _variants(args, calls)
     # a CPU capture is labelled 'interpreter' whichever CPU backend recorded it
@@ -190,7 +211,9 @@ def kind_table(res: dict) -> list[str]:
         groups.setdefault((r["kind"], r["position"]), []).append(r)
     out = ["| kind | pos | calls | path A / B | relRMS A | relRMS B | relRMS A-B | max ulp A / B / A-B "
            "| elem bound A / B | dots A=B=exact | bias max abs t A / B | verdict |", "|" + "---|" * 12]
-    for (kind, pos), rs in sorted(groups.items()):
+    # captured positions (int) first, then the batched calls ('M4', 'M16') by M
+    order = lambda kp: (kp[0], isinstance(kp[1], str), int(str(kp[1]).lstrip("M")))   # noqa: E731
+    for (kind, pos), rs in sorted(groups.items(), key=lambda kv: order(kv[0])):
         def mx(f):
             return max(f(r) for r in rs)
         paths = "/".join(sorted({r["a"]["path"] for r in rs})) + " / " + "/".join(sorted({r["b"]["path"] for r in rs}))
@@ -225,7 +248,9 @@ def repro_lines(res: dict, args, device) -> list[str]:
         if not r["failures"] or r["layer"] in seen:
             continue
         seen.add(r["layer"])
-        cmd = base + ["--layers", r["layer"], "--positions", str(r["position"])]
+        where = (["--positions", str(r["position"]), "--m", "1"] if isinstance(r["position"], int)
+                 else ["--m", str(r["m"])])
+        cmd = base + ["--layers", r["layer"]] + where
         if res["fault"]:
             cmd += ["--fault", res["fault"]]
         out.append(f"- {r['key']}: {r['failures'][0]}\n  reproduce: `{shlex.join(cmd)}`")

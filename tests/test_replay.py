@@ -105,12 +105,38 @@ def test_legacy_vs_tuned_passes(capture, tmp_path, device, capsys):
     j = tmp_path / "r.json"
     assert _replay(device, capture, "--json", str(j)) == 0, capsys.readouterr().out
     run = json.loads(j.read_text())["runs"][0]
-    assert len(run["calls"]) == LAYERS * 2 * 3 and run["ok"]
+    # per weight: 3 captured positions at M = 1, and two calls at each of M = 4 and 16 (default --m)
+    assert len(run["calls"]) == LAYERS * 2 * (3 + 2 * 2) and run["ok"]
     assert {c["a"]["path"] for c in run["calls"]} == {"int_gemv"}
-    assert {c["b"]["path"] for c in run["calls"]} == {"gemv"}
+    assert {(c["m"], c["b"]["path"]) for c in run["calls"]} == {(1, "gemv"), (4, "small_mma"), (16, "small_mma")}
     assert all(c["ab"]["dots_equal"] and c["a"]["dots_exact"] and c["b"]["dots_exact"] for c in run["calls"])
     out = capsys.readouterr().out
-    assert "| attn | 1 | 2 | int_gemv / gemv |" in out and "**Overall: PASS**" in out
+    assert "| attn | 1 | 2 | int_gemv / gemv |" in out and "| attn | M16 | 4 | int_gemv / small_mma |" in out
+    assert "**Overall: PASS**" in out
+
+
+def test_batched_calls_are_real_rows_and_catch_a_fault_in_the_batch_path(capture, tmp_path, device, capsys,
+                                                                          monkeypatch):
+    """The M > 1 calls hold the weight's captured rows, cycled (rows repeat, so the bias test
+    counts each once), and a fault only in the path serving M = 2-16 fails the replay there."""
+    from pq2verify import dispatch
+    _, calls, _ = replay.load(capture, device, ms=(1, 4))
+    for c in (c for c in calls if c.position == "M4"):
+        mine = torch.cat([d.x for d in calls if d.layer == c.layer and d.position != "M4"])
+        r = int(c.key[-1])
+        assert c.distinct == 3 and torch.equal(c.x, mine[[(r + i) % 3 for i in range(4)]])
+    real = dispatch.pq2_matmul
+
+    def off(x, w, **kw):     # a 1% error wherever small_mma serves (M = 2-16 in tuned)
+        with dispatch.trace() as t:
+            y = real(x, w, **kw)
+        return y * 1.01 if "small_mma" in t else y
+    monkeypatch.setattr(dispatch, "pq2_matmul", off)
+    j = tmp_path / "b.json"
+    assert _replay(device, capture, "--m", "1,4", "--json", str(j)) == 1
+    run = json.loads(j.read_text())["runs"][0]
+    assert {c["m"] for c in run["calls"] if c["failures"]} == {4}
+    assert {c["b"]["path"] for c in run["calls"] if c["m"] == 4} == {"small_mma"}
 
 
 def test_faults_fail_and_fold_order_passes(capture, tmp_path, device, capsys):
@@ -145,9 +171,11 @@ def test_interpreter_runs_the_kernels_with_their_dots(capture, tmp_path, device,
     if device != "cpu":
         pytest.skip("the interpreter is the CPU backend")
     j = tmp_path / "i.json"
-    assert _replay(device, capture, "--cpu-backend", "interpreter", "--limit", "2", "--json", str(j)) == 0
+    # one call: the interpreter runs A's and B's kernels on it with their dots (H = 2048: ~12 s a call)
+    assert _replay(device, capture, "--cpu-backend", "interpreter", "--limit", "1", "--m", "1",
+                   "--json", str(j)) == 0
     run = json.loads(j.read_text())["runs"][0]
-    assert len(run["calls"]) == 2 and all(c["ab"]["dots_equal"] for c in run["calls"])
+    assert len(run["calls"]) == 1 and all(c["ab"]["dots_equal"] for c in run["calls"])
 
 
 @pytest.mark.parametrize("extra,msg", [
