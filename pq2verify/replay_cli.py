@@ -26,24 +26,24 @@ SEPARATION = ("none", "fold_reversed", "scale_ulp", "scale_1pct", "scale_1pct:al
 DEFAULT_M = (1, 4, 16)
 
 
+def _int_list(lo: int):
+    """argparse type: comma-separated integers >= lo (at least one)."""
+    def parse(s: str) -> list[int]:
+        try:
+            v = [int(t) for t in s.split(",") if t.strip()]
+        except ValueError:
+            v = []
+        if not v or min(v) < lo:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {lo}, got {s!r}")
+        return v
+    return parse
+
+
+_positions = _int_list(0)
+
+
 def _ms(s: str) -> tuple:
-    try:
-        v = tuple(sorted({int(t) for t in s.split(",") if t.strip()}))
-    except ValueError:
-        v = ()
-    if not v or min(v) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {s!r}")
-    return v
-
-
-def _positions(s: str) -> list[int]:
-    try:
-        v = [int(t) for t in s.split(",") if t.strip()]
-    except ValueError:
-        v = []
-    if not v or min(v) < 0:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {s!r}")
-    return v
+    return tuple(sorted(set(_int_list(1)(s))))
 
 
 def register(sub) -> None:

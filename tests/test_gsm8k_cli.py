@@ -204,9 +204,9 @@ def test_a_failing_worker_is_reported(tiny_model, tmp_path, cpu_env, capsys):
     from pq2verify.gsm8k import cli as gcli
     real = gcli._spawn
 
-    def spawn(args, device, out, label, position):
+    def spawn(*a):
         shutil.rmtree(m, ignore_errors=True)
-        return real(args, device, out, label, position)
+        return real(*a)
 
     gcli._spawn = spawn
     try:

@@ -200,6 +200,13 @@ def test_missing_capture_and_another_model_are_usage_errors(capture, tmp_path, d
     assert "differs from the one captured" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad", ["0", "-4", "4,x", ","])
+def test_impossible_m_is_refused_before_any_work(capture, device, capsys, bad):
+    with pytest.raises(SystemExit) as e:
+        _replay(device, capture, "--m", bad)
+    assert e.value.code == 2 and "--m: expected comma-separated integers >= 1" in capsys.readouterr().err
+
+
 def test_capture_first_records_the_model_it_replays(capture, tmp_path, device, capsys):
     assert cli.main(["--device", device, "replay", "--capture-first"]) == 2
     assert "--capture-first: needs --capture DIR" in capsys.readouterr().err

@@ -57,26 +57,25 @@ def call_costs(device, reps=200):
     print("path       M  shape        issue µs  sync µs  graph µs")
     for label, m in [("gemv", 1), ("gemv-nopdl", 1), ("single", 1), ("int_gemv", 1), ("small_mma", 8),
                      ("int_gemv", 8)]:
-        name = label.split("-")[0]
+        mod = importlib.import_module(f"kernels.{label.split('-')[0]}")
         for n, k in shapes:
-            mod = importlib.import_module(f"kernels.{name}")
             w = ternary_weight(n, k, 1, device, "raw")
             x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
-            if label.endswith("nopdl"):
-                cfg = dict(mod.config(n, k, m, False), PDL=False)
-                run = mod.run
-                mod = type("M", (), {"run": staticmethod(lambda x, w, check, cfg=cfg, run=run: run(x, w, check=check, config=cfg))})
+            cfg = dict(mod.config(n, k, m, False), PDL=False) if label.endswith("nopdl") else None
+
+            def call(mod=mod, x=x, w=w, cfg=cfg):
+                return mod.run(x, w, check=False, config=cfg)
             for _ in range(20):
-                mod.run(x, w, check=False)
+                call()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(reps):
-                mod.run(x, w, check=False)
+                call()
             issue = (time.perf_counter() - t0) / reps
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(reps):
-                mod.run(x, w, check=False)
+                call()
                 torch.cuda.synchronize()
             sync = (time.perf_counter() - t0) / reps
             s = torch.cuda.Stream()
@@ -84,7 +83,7 @@ def call_costs(device, reps=200):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, stream=s):
                     for _ in range(50):
-                        mod.run(x, w, check=False)
+                        call()
             g.replay()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -104,9 +103,19 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="cProfile 10 tuned forwards at the first M")
     p.add_argument("--calls", action="store_true", help="also time single PQ2 calls at the model's shapes")
     a = p.parse_args()
+    from pq2verify import kernelsets
+    try:
+        ms = [int(v) for v in a.m.split(",")]
+        for kset in a.sets.split(","):
+            kernelsets.check_name(kset, "--sets ")
+    except ValueError as e:
+        p.error(f"--m {a.m!r} / --sets {a.sets!r}: {e}")
+    if a.calls and a.device != "cuda":
+        p.error("--calls times CUDA launches and graphs: needs --device cuda")
+    if a.steps < 1 or not ms or min(ms) < 1:
+        p.error(f"--steps {a.steps} and every --m value must be >= 1")
     if a.calls:
         call_costs(a.device)
-    ms = [int(v) for v in a.m.split(",")]
     torch.set_grad_enabled(False)
     from pq2verify.gsm8k import model as gm
     gm.deterministic_attention(a.device)

@@ -231,7 +231,11 @@ def _main(args) -> int:
         return 0
     jobs = args.jobs or (3 if device == "cuda" else 1)
     pending = [e.label for e in plan if todo(rundir(e), batches)]
-    workers = {label: _spawn(args, device, out, label, i + 1) for i, label in enumerate(pending[1:jobs])}
+    # each worker's GPU (CUDA_VISIBLE_DEVICES) where several are visible, recorded in the report
+    gpu_env = {label: worker_gpu(device, i + 1) for i, label in enumerate(pending[1:jobs])}
+    workers = {label: _spawn(args, device, out, label, i + 1, gpu_env[label])
+               for i, label in enumerate(pending[1:jobs])}
+    worker_gpus = {label: e["CUDA_VISIBLE_DEVICES"] for label, e in gpu_env.items() if e}
     # the runs of this process, batch by batch (they share prefills); then each worker's, read back
     local = [e for e in plan if e.label not in workers]
     done = dict(zip([e.label for e in local], execute_all(
@@ -279,8 +283,8 @@ def _main(args) -> int:
                  "batch_size": args.batch_size, "shared_prefix_tokens": prefix_len,
                  "prompt_hashes": {q: data.prompt_hash(prompts[q]) for q in ids},
                  "example_prompt": prompts[ids[0]]},
-        "backend": bkey, "device": device,
-        "gpus": min(jobs, torch.cuda.device_count()) if device == "cuda" else None, "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
+        "backend": bkey, "device": device, "worker_gpus": worker_gpus or None,
+        "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
         "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
         "predicted_paths": {"a": pa, "b": pb},
         "runs": [{k: v for k, v in r.items() if k != "recs"} for r in runs],
@@ -304,7 +308,7 @@ def _main(args) -> int:
     return 0
 
 
-def _spawn(args, device, out, label, position) -> subprocess.Popen:
+def _spawn(args, device, out, label, position, gpu_env: dict) -> subprocess.Popen:
     """One run in a worker process: this command again, restricted to that run."""
     cmd = [sys.executable, "-m", "pq2verify.cli", "--device", device, "gsm8k", "--a", args.a, "--b", args.b,
            "--dtype", args.dtype, "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
@@ -316,7 +320,7 @@ def _spawn(args, device, out, label, position) -> subprocess.Popen:
     cmd += ["--control"] if args.control else []
     cmd += ["--all"] if args.all else []
     cmd += [] if args.floor else ["--no-floor"]
-    env = {**os.environ, "PQ2VERIFY_BAR_POSITION": str(position), **worker_gpu(device, position)}
+    env = {**os.environ, "PQ2VERIFY_BAR_POSITION": str(position), **gpu_env}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
 
 
