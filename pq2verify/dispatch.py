@@ -30,6 +30,14 @@ def trace():
         _traces[:] = [t for t in _traces if t is not c]
 
 
+def count(name: str, n: int = 1) -> None:
+    """Record n calls served by path `name` (pq2_matmul does for each call; a replayed CUDA
+    graph of such calls does for the calls it holds)."""
+    TRACE[name] += n
+    for c in _traces:
+        c[name] += n
+
+
 def kernel_set(kernels: str | None = None) -> str:
     kset = kernels if kernels is not None else os.environ.get(ENV_SET, "tuned")
     return kernelsets.check_name(kset, "kernels=" if kernels is not None else f"{ENV_SET}=")
@@ -160,9 +168,7 @@ def pq2_matmul(x, w, *, kernels=None, path=None):
         p = resolve(max(m, 1), w, x2, kset)
     if m == 0:
         return x.new_empty(*lead, n)
-    TRACE[p.name] += 1
-    for c in _traces:
-        c[p.name] += 1
+    count(p.name)
     if x2.device.type == "cpu" and backend_key(x2.device) == "emulate":
         from .emulation import emulate
         y = emulate(p.name, x2, w)

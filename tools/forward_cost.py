@@ -3,7 +3,10 @@
 set and M, against the same model with BF16 nn.Linear; and the cost of the PQ2 calls alone.
 No checkpoint needed (the GPU machine cannot download one). Tuning aid, not a gate.
 
-    python tools/forward_cost.py [--device cuda] [--steps 20] [--m 16,8,4,2,1] [--profile]
+    python tools/forward_cost.py [--device cuda] [--steps 20] [--m 16,8,4,2,1] [--graphs] [--profile]
+
+--graphs adds each kernel set's forward with its decode calls replayed from CUDA graphs
+(pq2verify/gsm8k/graphs.py, what `gsm8k` does on CUDA).
 """
 import argparse
 import cProfile
@@ -102,6 +105,7 @@ def main() -> int:
     p.add_argument("--sets", default="legacy,tuned")
     p.add_argument("--profile", action="store_true", help="cProfile 10 tuned forwards at the first M")
     p.add_argument("--calls", action="store_true", help="also time single PQ2 calls at the model's shapes")
+    p.add_argument("--graphs", action="store_true", help="also time each set with the decode calls in CUDA graphs")
     a = p.parse_args()
     from pq2verify import kernelsets
     try:
@@ -110,8 +114,8 @@ def main() -> int:
             kernelsets.check_name(kset, "--sets ")
     except ValueError as e:
         p.error(f"--m {a.m!r} / --sets {a.sets!r}: {e}")
-    if a.calls and a.device != "cuda":
-        p.error("--calls times CUDA launches and graphs: needs --device cuda")
+    if (a.calls or a.graphs) and a.device != "cuda":
+        p.error("--calls and --graphs time CUDA launches and graphs: need --device cuda")
     if a.steps < 1 or not ms or min(ms) < 1:
         p.error(f"--steps {a.steps} and every --m value must be >= 1")
     if a.calls:
@@ -128,15 +132,19 @@ def main() -> int:
     usage = gm.Usage()
     gm.pq2ify(model, 4, usage=usage)
     print(f"pq2ify: {time.perf_counter() - t0:.1f} s")
-    for kset in a.sets.split(","):
-        os.environ["PQ2_KERNELS"] = kset
-        for m in ms:
-            usage.calls.clear()
-            t0 = time.perf_counter()
-            med, lo, hi = time_forwards(model, m, a.steps, a.device)
-            paths = sorted({name for (name, mm) in usage.calls if mm == m})
-            print(f"{kset:6s} PQ2     M={m:2d}: {med:.2f} ({lo:.2f}-{hi:.2f})  paths {','.join(paths)}; "
-                  f"first use incl. compile {time.perf_counter() - t0:.1f} s")
+    from pq2verify.gsm8k.graphs import CallGraphs
+    for graphs in (False, True) if a.graphs else (False,):
+        usage.graphs = CallGraphs() if graphs else None
+        for kset in a.sets.split(","):
+            os.environ["PQ2_KERNELS"] = kset
+            for m in ms:
+                usage.calls.clear()
+                t0 = time.perf_counter()
+                med, lo, hi = time_forwards(model, m, a.steps, a.device)
+                paths = sorted({name for (name, mm) in usage.calls if mm == m})
+                print(f"{kset:6s} PQ2{' graphs' if graphs else '       '} M={m:2d}: {med:.2f} ({lo:.2f}-{hi:.2f})  "
+                      f"paths {','.join(paths)}; first use incl. compile {time.perf_counter() - t0:.1f} s")
+    usage.graphs = None
     if a.profile:
         os.environ["PQ2_KERNELS"] = "tuned"
         pr = cProfile.Profile()

@@ -7,8 +7,10 @@ Exit status: 0 done; 1 more answers differ than --max-diff; 2 bad arguments or i
 3 the switch proof failed (A and B ran the same paths although their kernel specs differ);
 4 a run's worker process failed (its own error is printed; rerunning resumes).
 
-On a GPU the runs (A, B, and the A/A control) are generated at once, each in its own process
-(--jobs): decode there is bound by kernel launches on the host, not by the GPU. With several GPUs
+On a GPU the decode calls (M <= 16) replay CUDA graphs, one per projection, M, fold order and
+kernel spec (--no-graphs launches each call; pq2verify/gsm8k/graphs.py says why the bits are the
+same), and the runs (A, B, and the A/A control) are generated at once, each in its own process
+(--jobs): decode there is bound by the host, not by the GPU. With several GPUs
 visible the worker processes take them round-robin (this process keeps the first). Each run is
 still exactly its own function: batches and their Ms do not depend on the other runs.
 Runs in one process (the CPU default, --jobs 1) go batch by batch and copy each other's
@@ -88,6 +90,10 @@ def register(sub) -> None:
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="runs generated at once, each in its own process (default: 3 on a GPU, whose "
                         "decode is bound by kernel launches, 1 on the CPU)")
+    p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay decode calls (M <= 16) from CUDA graphs, one per projection, M, fold order "
+                        "and kernel spec: the same kernels, launches and bits, without the host's launch cost "
+                        "(default: on with --device cuda; CUDA only)")
     p.add_argument("--run-only", default=None, help=argparse.SUPPRESS)   # a worker of --jobs
     p.set_defaults(func=main)
 
@@ -152,6 +158,8 @@ def _main(args) -> int:
     t_start = time.perf_counter()
     from .. import backend
     device = backend.device()
+    if args.graphs and device != "cuda":
+        raise ValueError("--graphs: CUDA graphs need --device cuda")
     if device == "cpu":
         _cpu_setup(args)
     import torch
@@ -178,7 +186,7 @@ def _main(args) -> int:
     if not ids:
         raise ValueError("no questions selected")
     t0 = time.perf_counter()
-    conv = mdl.prepare(args.model, args.digits, device, dtype)
+    conv = mdl.prepare(args.model, args.digits, device, dtype, graphs=args.graphs if args.graphs is not None else device == "cuda")
     t_convert = time.perf_counter() - t0
     tok = conv.tokenizer
     msg = (f"model {conv.model_id}: {conv.layers} PQ2 matrices ({conv.pq2_bytes / 2**20:.1f} MiB) with "
@@ -284,6 +292,7 @@ def _main(args) -> int:
                  "prompt_hashes": {q: data.prompt_hash(prompts[q]) for q in ids},
                  "example_prompt": prompts[ids[0]]},
         "backend": bkey, "device": device, "worker_gpus": worker_gpus or None,
+        "decode_graphs": _graph_stats(conv),
         "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
         "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
         "predicted_paths": {"a": pa, "b": pb},
@@ -308,6 +317,12 @@ def _main(args) -> int:
     return 0
 
 
+def _graph_stats(conv) -> dict | None:
+    """This process's decode graphs (its runs; workers keep their own): captured and replayed."""
+    g = conv.usage.graphs
+    return None if g is None else {"captured": g.captured, "replayed": g.replayed, "max_m": g.max_m}
+
+
 def _spawn(args, device, out, label, position, gpu_env: dict) -> subprocess.Popen:
     """One run in a worker process: this command again, restricted to that run."""
     cmd = [sys.executable, "-m", "pq2verify.cli", "--device", device, "gsm8k", "--a", args.a, "--b", args.b,
@@ -320,6 +335,7 @@ def _spawn(args, device, out, label, position, gpu_env: dict) -> subprocess.Pope
     cmd += ["--control"] if args.control else []
     cmd += ["--all"] if args.all else []
     cmd += [] if args.floor else ["--no-floor"]
+    cmd += [] if args.graphs is None else ["--graphs" if args.graphs else "--no-graphs"]
     env = {**os.environ, "PQ2VERIFY_BAR_POSITION": str(position), **gpu_env}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
 

@@ -134,6 +134,7 @@ class Usage:
     reverse: M ranges [(lo, hi or None)] whose calls fold the K groups in reverse order."""
     calls: Counter = field(default_factory=Counter)
     reverse: tuple = ()
+    graphs: object = None     # graphs.CallGraphs: decode calls replayed from CUDA graphs
 
     def reverses(self, m: int) -> bool:
         return any(m >= lo and (hi is None or m <= hi) for lo, hi in self.reverse)
@@ -182,21 +183,28 @@ class _Stack:
     def run(self, x: torch.Tensor) -> list[torch.Tensor]:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        if self.kp != self.k:
-            x2 = torch.nn.functional.pad(x2, (0, self.kp - self.k))   # zero K padding: exact
         m = x2.shape[0]
         rev = self.usage.reverses(m)
-        w = self.w
-        if rev:
-            if self._w_rev is None:
-                self._w_rev = reversed_groups(self.w)
-            w = self._w_rev
-        x2 = self.columns(x2, rev)
-        with dispatch.trace() as served:   # which path served this call, and at which M
-            y = dispatch.pq2_matmul(x2, w)
-        for name in served:
-            self.usage.calls[(name, m)] += 1
+        if rev and self._w_rev is None:
+            self._w_rev = reversed_groups(self.w)
+        g = self.usage.graphs
+        if g is not None and g.applies(x2):
+            key = (id(self), m, rev, x2.dtype, dispatch._env_key())   # everything the call's arithmetic depends on
+            y, served = g.call(key, lambda xs: self._matmul(xs, rev), x2)
+        else:
+            y, served = self._matmul(x2, rev)
+        for name, n in served.items():   # which path served this call, and at which M
+            self.usage.calls[(name, m)] += n
         return [part.reshape(*lead, part.shape[-1]) for part in y.split(self.outs, dim=-1)]
+
+    def _matmul(self, x2: torch.Tensor, rev: bool):
+        """(y [M, sum(outs)], calls per path) for x2 [M, K]."""
+        if self.kp != self.k:
+            x2 = torch.nn.functional.pad(x2, (0, self.kp - self.k))   # zero K padding: exact
+        x2 = self.columns(x2, rev)
+        with dispatch.trace() as served:
+            y = dispatch.pq2_matmul(x2, self._w_rev if rev else self.w)
+        return y, served
 
     def get(self, x: torch.Tensor, index: int) -> torch.Tensor:
         if self._x is not x or self._left == 0:
@@ -310,11 +318,21 @@ def deterministic_attention(device) -> str:
     return "sdpa without cuDNN attention (flash / memory-efficient / math: deterministic forward)"
 
 
-def prepare(path: str | None, digits: int | None, device: str, dtype=torch.bfloat16) -> Converted:
+def prepare(path: str | None, digits: int | None, device: str, dtype=torch.bfloat16,
+            graphs: bool = False) -> Converted:
+    """graphs: replay decode calls (M <= 16) from CUDA graphs (graphs.py; the gsm8k command's
+    default on CUDA). Off here: a caller that hooks pq2_matmul (golden capture --model) sees
+    every call only when each one runs eagerly."""
+    cuda = torch.device(device).type == "cuda"
+    if graphs and not cuda:
+        raise ValueError("--graphs: CUDA graphs need --device cuda")
     path = path or default_model_path()
     deterministic_attention(device)
     model, tok = load_hf(path, dtype)
     usage = Usage()
+    if graphs:
+        from .graphs import CallGraphs
+        usage.graphs = CallGraphs()
     model.to(device)
     d, ternary, rel, worst, n, nbytes = pq2ify(model, digits, usage=usage)
     head = model.get_output_embeddings()

@@ -243,6 +243,10 @@ def _timing(rep: dict) -> list[str]:
     if rep.get("wall_seconds") is not None:
         out.append(f"- wall time {rep['wall_seconds']:.1f} s (model load and conversion "
                    f"{rep['model'].get('convert_seconds', 0):.1f} s)")
+    g = rep.get("decode_graphs")
+    if g:
+        out.append(f"- decode calls (M <= {g['max_m']}) replayed from CUDA graphs in this process: "
+                   f"{g['captured']} graphs captured, {g['replayed']} replays")
     for r in runs:
         ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
         out.append(f"- run {r['label']} seconds per phase: {ph}"
