@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from test_gsm8k_cli import tiny_model  # noqa: F401  (the module-scoped fixture)
+from test_gsm8k_cli import cpu_env, tiny_model  # noqa: F401  (fixtures)
 from test_gsm8k_generate import _generate
 
 pytest.importorskip("transformers")
@@ -145,7 +145,7 @@ def test_graphs_need_cuda(tiny_model):  # noqa: F811
         mdl.prepare(str(tiny_model), 2, "cpu", graphs=True)
 
 
-def test_the_cli_refuses_graphs_on_the_cpu(tmp_path, capsys):
+def test_the_cli_refuses_graphs_on_the_cpu(tmp_path, capsys, cpu_env):  # noqa: F811
     from pq2verify import cli
     rc = cli.main(["--device", "cpu", "gsm8k", "--graphs", "--limit", "1", "--out", str(tmp_path / "o")])
     assert rc == 2

@@ -84,7 +84,8 @@ def register(sub) -> None:
                    "summary, and each differing question's two generations side by side")
     p.add_argument("--max-diff", type=nonneg_int, default=None, help="exit 1 if more than K answers differ (CI)")
     p.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads (default: the cores not busy with other work, at least 1)")
+                   help="CPU threads per process (default: on the CPU the cores not busy with other work, at "
+                        "least 1; on a GPU with worker processes, the cores divided among them)")
     p.add_argument("--cpu-backend", default="emulate", choices=("emulate", "interpreter"),
                    help="on the CPU: torch emulation of each path (default) or Triton's interpreter (slow)")
     p.add_argument("--jobs", type=positive_int, default=None,
@@ -160,9 +161,11 @@ def _main(args) -> int:
     device = backend.device()
     if args.graphs and device != "cuda":
         raise ValueError("--graphs: CUDA graphs need --device cuda")
+    import torch
     if device == "cpu":
         _cpu_setup(args)
-    import torch
+    elif args.threads:
+        torch.set_num_threads(args.threads)
     from .. import dispatch
     from . import data, extract, generate, model as mdl, report
     from .runs import RunDir, config_key, parse_spec, spec_text
@@ -239,6 +242,12 @@ def _main(args) -> int:
         return 0
     jobs = args.jobs or (3 if device == "cuda" else 1)
     pending = [e.label for e in plan if todo(rundir(e), batches)]
+    if device == "cuda" and args.threads is None and len(pending) > 1 and jobs > 1:
+        # Each process's CPU work (the workers' weight conversion) on its share of the cores:
+        # OpenMP threads of several processes spinning on the same cores stalled a worker's
+        # 1-2 s conversion for 140 s on the H200's host and slowed run A's host-bound decode.
+        args.threads = max(1, (os.cpu_count() or 1) // min(jobs, len(pending)))
+        torch.set_num_threads(args.threads)
     # each worker's GPU (CUDA_VISIBLE_DEVICES) where several are visible, recorded in the report
     gpu_env = {label: worker_gpu(device, i + 1) for i, label in enumerate(pending[1:jobs])}
     workers = {label: _spawn(args, device, out, label, i + 1, gpu_env[label])
@@ -293,7 +302,7 @@ def _main(args) -> int:
                  "example_prompt": prompts[ids[0]]},
         "backend": bkey, "device": device, "worker_gpus": worker_gpus or None,
         "decode_graphs": _graph_stats(conv),
-        "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
+        "cpu_threads": torch.get_num_threads(),
         "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
         "predicted_paths": {"a": pa, "b": pb},
         "runs": [{k: v for k, v in r.items() if k != "recs"} for r in runs],
@@ -337,6 +346,8 @@ def _spawn(args, device, out, label, position, gpu_env: dict) -> subprocess.Pope
     cmd += [] if args.floor else ["--no-floor"]
     cmd += [] if args.graphs is None else ["--graphs" if args.graphs else "--no-graphs"]
     env = {**os.environ, "PQ2VERIFY_BAR_POSITION": str(position), **gpu_env}
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)      # BLAS pools read it at import
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
 
 
