@@ -263,7 +263,8 @@ def markdown(rep: dict) -> str:
           f"- data: {rep['data']['source']}, {rep['data']['n']} questions; prompt {rep['data']['format']}, "
           f"{rep['data']['shots']} shot(s) from train; max new tokens {rep['data']['max_new_tokens']}, "
           f"batch {rep['data']['batch_size']}",
-          f"- backend: {rep['backend']}" + (f" ({rep['cpu_threads']} CPU thread(s), GEMM {rep.get('emulation_gemm')})"
+          f"- backend: {rep['backend']}" + (f" ({rep['cpu_threads']} CPU thread(s)"
+                                             + (f", GEMM {rep['emulation_gemm']})" if rep.get("emulation_gemm") else ")")
                                              if rep.get("cpu_threads") else "")
           + f"; near-tie threshold {rep['compare']['near_tie_nats']} nats", ""]
     L += ["| run | kernels | score | invalid | strict invalid | tokens | tok/s | paths (calls) | M seen |",
