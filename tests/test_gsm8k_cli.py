@@ -1,5 +1,6 @@
 """End to end on a tiny random-weight Llama (built here, no downloads): the A/B report, the
 control run, resume after an interruption, and the switch proof."""
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -11,12 +12,20 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 
+_TINY = {}     # the tiny model, built once per process (every gsm8k test module reads it; none writes it)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
+    if "dir" not in _TINY:
+        _TINY["dir"] = _build_tiny_model(tmp_path_factory.mktemp("tiny"))
+    return _TINY["dir"]
+
+
+def _build_tiny_model(d):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     from pq2verify.gsm8k import data
-    d = tmp_path_factory.mktemp("tiny")
     test, train, _ = data.load()
     texts = [r["question"] + " " + r["answer"] for r in train[:300]]
     tk = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -39,8 +48,8 @@ def tiny_model(tmp_path_factory):
     return d
 
 
-@pytest.fixture
-def cpu_env(monkeypatch, device):
+@contextlib.contextmanager
+def cpu_setting(mp, device):
     """No PQ2_* switches from the caller's shell; the CLI's --threads is put back after. (The
     emulation backend is the CLI's for its run only: conftest checks nothing else leaks.)
     These drive the CLI on the CPU backends; a process whose kernels are compiled for CUDA
@@ -48,15 +57,23 @@ def cpu_env(monkeypatch, device):
     if device == "cuda":
         pytest.skip("drives `gsm8k --device cpu`; this pytest process runs the kernels compiled for CUDA")
     for k in [k for k in os.environ if k.startswith("PQ2_")]:
-        monkeypatch.delenv(k)
+        mp.delenv(k)
     # The FP32 GEMM for the emulation's integer dots (the same exact integers as oneDNN's, which
     # on torch 2.13's oneDNN 3.12 falls back to ref_int8, ~500x slower); workers inherit the env.
     from pq2verify import emulation
-    monkeypatch.setenv("PQ2_EMULATE_GEMM", "fp32")
-    monkeypatch.setattr(emulation, "_GEMM", "fp32")
+    mp.setenv("PQ2_EMULATE_GEMM", "fp32")
+    mp.setattr(emulation, "_GEMM", "fp32")
     n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.fixture
+def cpu_env(monkeypatch, device):
+    with cpu_setting(monkeypatch, device):
+        yield
 
 
 def run(model, out, *extra):

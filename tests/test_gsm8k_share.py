@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from test_gsm8k_cli import cpu_env, lines, run, tiny_model  # noqa: F401  (fixtures)
+from test_gsm8k_cli import cpu_env, cpu_setting, lines, run, tiny_model  # noqa: F401  (fixtures)
 
 pytest.importorskip("transformers")
 
@@ -15,17 +15,27 @@ pytest.importorskip("transformers")
 SPECS = ("--a", "legacy", "--b", "legacy,mmq=off")
 
 
+@pytest.fixture(scope="module")
+def alone(tiny_model, tmp_path_factory, device):  # noqa: F811
+    """--jobs 3: A in this process, B and F each alone in a worker process (nothing shared).
+    Only read after: both tests compare their one-process runs with these records."""
+    out = tmp_path_factory.mktemp("alone")
+    with pytest.MonkeyPatch.context() as mp, cpu_setting(mp, device):
+        assert run(tiny_model, out, *SPECS, "--jobs", "3") == 0
+    return _records(out)
+
+
 def _records(out: Path) -> dict:
     rep = json.loads((out / "report.json").read_text())
     return {r["label"]: ({x["id"]: x for x in lines(Path(r["dir"]))}, r) for r in rep["runs"]}
 
 
-def test_shared_prefills_change_no_bit(tiny_model, tmp_path, cpu_env):  # noqa: F811
-    """--jobs 3: B and F each alone in a worker process (nothing shared); --jobs 1: all runs in one
-    process, batch by batch, copying prefills. Every record is the same; the copies happened."""
-    assert run(tiny_model, tmp_path / "alone", *SPECS, "--jobs", "3") == 0
+def test_shared_prefills_change_no_bit(tiny_model, alone, tmp_path, cpu_env):  # noqa: F811
+    """--jobs 3 (`alone`): B and F each alone in a worker process (nothing shared); --jobs 1: all
+    runs in one process, batch by batch, copying prefills. Every record is the same; the copies
+    happened."""
     assert run(tiny_model, tmp_path / "shared", *SPECS, "--jobs", "1") == 0
-    alone, shared = _records(tmp_path / "alone"), _records(tmp_path / "shared")
+    shared = _records(tmp_path / "shared")
     assert alone.keys() == shared.keys() == {"a", "b", "f"}
     for label in alone:
         (ra, sa), (rs, ss) = alone[label], shared[label]
@@ -40,15 +50,14 @@ def test_shared_prefills_change_no_bit(tiny_model, tmp_path, cpu_env):  # noqa: 
     assert "seconds per phase" in (tmp_path / "shared" / "report.md").read_text()
 
 
-def test_a_copy_across_different_arithmetic_is_caught(tiny_model, tmp_path, cpu_env, monkeypatch):  # noqa: F811
+def test_a_copy_across_different_arithmetic_is_caught(tiny_model, alone, tmp_path, cpu_env, monkeypatch):  # noqa: F811
     """The check above fails when prefills are shared regardless of the path (every run's
     signature made the same): B then starts from A's mmq prefill instead of its own (and, with
     A's calls credited, B's trace reads like A's: the switch proof trips too, exit 3)."""
     from pq2verify.gsm8k import execute
-    assert run(tiny_model, tmp_path / "alone", *SPECS, "--jobs", "3") == 0
     monkeypatch.setattr(execute, "signature", lambda spec, fold, dev, dtype: lambda m: ("any", False))
     assert run(tiny_model, tmp_path / "broken", *SPECS, "--jobs", "1") == 3
-    alone, broken = _records(tmp_path / "alone"), _records(tmp_path / "broken")
+    broken = _records(tmp_path / "broken")
     assert broken["b"][1]["copied_calls"] > 0
     assert alone["b"][0] != broken["b"][0]
 

@@ -12,22 +12,25 @@ import numpy as np
 import pytest
 import torch
 
+from kernels import splitk
 from pq2verify import backend, cli, emulation, golden_model, replay
 
 pytestmark = pytest.mark.replay
 
 H, VOCAB, LAYERS = 2048, 16, 2     # G = 16 groups: a reversed fold is a real reorder
+# the interpreter's model: G = 4 groups, which B's M = 1 kernel (gemv) still splits in two, as at H
+H_INTERP = 512
 
 
-def _runner(device, bump=False):
-    """Two layers of two PQ2 projections each, meeting golden_model.CONTRACT; activations carry
-    a few outlier channels as real ones do."""
+def _runner(device, bump=False, h=H):
+    """Two layers of two PQ2 projections each (h x h), meeting golden_model.CONTRACT;
+    activations carry a few outlier channels as real ones do."""
     from pq2verify import dispatch, inputs
 
     class Proj(torch.nn.Module):
         def __init__(self, seed):
             super().__init__()
-            self.stack = types.SimpleNamespace(w=inputs.ternary_weight(H, H, seed, "cpu").to(device))
+            self.stack = types.SimpleNamespace(w=inputs.ternary_weight(h, h, seed, "cpu").to(device))
 
         def forward(self, x):
             return dispatch.pq2_matmul(x, self.stack.w)
@@ -45,7 +48,7 @@ def _runner(device, bump=False):
         def __init__(self):
             super().__init__()
             g = torch.Generator().manual_seed(7)
-            emb = torch.randn(VOCAB, H, generator=g)
+            emb = torch.randn(VOCAB, h, generator=g)
             emb[:, :4] *= 20
             self.emb = emb.bfloat16().to(device)
             self.layers = torch.nn.ModuleList(Layer(i) for i in range(LAYERS))
@@ -72,23 +75,27 @@ def _runner(device, bump=False):
     return mod
 
 
-def _isolate(mp, device):
+def _isolate(mp, device, h=H):
     """This module's model runner; no kernel switches from the shell; the emulation's FP32
     GEMM (bit-identical to its oneDNN one, which its self-test proves, and far faster at M=1)."""
-    mp.setitem(sys.modules, golden_model.RUNNER, _runner(device))
+    mp.setitem(sys.modules, golden_model.RUNNER, _runner(device, h=h))
     for k in [k for k in os.environ if k == "PQ2_KERNELS" or k.startswith("PQ2_PATH_")]:
         mp.delenv(k)
     mp.setattr(emulation, "_GEMM", "fp32")
 
 
-@pytest.fixture(scope="module")
-def _captured(tmp_path_factory, device):
+def _capture(tmp_path_factory, device, h):
     d = tmp_path_factory.mktemp("replay") / "model"
     with pytest.MonkeyPatch.context() as mp:
-        _isolate(mp, device)
+        _isolate(mp, device, h)
         with backend.using_cpu_backend("emulate"):     # the capture is input data: fast
             golden_model.capture_model(d, device, positions=(1, 2, 3), log=lambda s: None)
     return d
+
+
+@pytest.fixture(scope="module")
+def _captured(tmp_path_factory, device):
+    return _capture(tmp_path_factory, device, H)
 
 
 @pytest.fixture
@@ -167,15 +174,21 @@ def test_a_fault_fails_with_a_repro_that_fails_again(capture, device, capsys):
     assert cli.main(argv) == 1
 
 
-def test_interpreter_runs_the_kernels_with_their_dots(capture, tmp_path, device, capsys):
+def test_interpreter_runs_the_kernels_with_their_dots(tmp_path_factory, tmp_path, device, capsys, monkeypatch):
     if device != "cpu":
         pytest.skip("the interpreter is the CPU backend")
+    # the model at H_INTERP (the interpreter pays per program: at H = 2048 a call took ~8 s)
+    capture = _capture(tmp_path_factory, device, H_INTERP)
+    _isolate(monkeypatch, device, H_INTERP)
     j = tmp_path / "i.json"
-    # one call: the interpreter runs A's and B's kernels on it with their dots (H = 2048: ~12 s a call)
-    assert _replay(device, capture, "--cpu-backend", "interpreter", "--limit", "1", "--m", "1",
-                   "--json", str(j)) == 0
+    # one call: the interpreter runs A's and B's kernels on it with their dots
+    with splitk.poisoned() as handed:
+        assert _replay(device, capture, "--cpu-backend", "interpreter", "--limit", "1", "--m", "1",
+                       "--json", str(j)) == 0
     run = json.loads(j.read_text())["runs"][0]
     assert len(run["calls"]) == 1 and all(c["ab"]["dots_equal"] for c in run["calls"])
+    assert {(c["a"]["path"], c["b"]["path"]) for c in run["calls"]} == {("int_gemv", "gemv")}
+    assert handed, "B's split-K partials: the call did not split"
 
 
 @pytest.mark.parametrize("extra,msg", [
