@@ -357,3 +357,17 @@ def test_progress_in_a_log_is_lines_not_carriage_returns():
     text = buf.getvalue()
     assert "\r" not in text
     assert text.strip().splitlines()[-1].startswith("[3/3]") and "a legacy" in text
+
+
+@pytest.mark.parametrize("device,jobs,runs,threads,want", [
+    ("cuda", 3, 3, None, 5),        # the H200 host: 16 cores, three processes
+    ("cuda", 3, 2, None, 8),        # one run already done: two processes
+    ("cuda", 3, 1, None, None),     # no workers: torch's default
+    ("cuda", 1, 3, None, None),
+    ("cuda", 3, 3, 7, None),        # --threads given: kept
+    ("cpu", 3, 3, None, None),      # the CPU measures its idle cores itself
+    ("cuda", 32, 32, None, 1),
+])
+def test_gpu_processes_share_the_cores(device, jobs, runs, threads, want):
+    from pq2verify.gsm8k.cli import process_threads
+    assert process_threads(device, jobs, runs, threads, cores=16) == want

@@ -150,3 +150,4 @@ def test_the_cli_refuses_graphs_on_the_cpu(tmp_path, capsys, cpu_env):  # noqa: 
     rc = cli.main(["--device", "cpu", "gsm8k", "--graphs", "--limit", "1", "--out", str(tmp_path / "o")])
     assert rc == 2
     assert "CUDA graphs need --device cuda" in capsys.readouterr().err
+

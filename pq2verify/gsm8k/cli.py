@@ -242,12 +242,10 @@ def _main(args) -> int:
         return 0
     jobs = args.jobs or (3 if device == "cuda" else 1)
     pending = [e.label for e in plan if todo(rundir(e), batches)]
-    if device == "cuda" and args.threads is None and len(pending) > 1 and jobs > 1:
-        # Each process's CPU work (the workers' weight conversion) on its share of the cores:
-        # OpenMP threads of several processes spinning on the same cores stalled a worker's
-        # 1-2 s conversion for 140 s on the H200's host and slowed run A's host-bound decode.
-        args.threads = max(1, (os.cpu_count() or 1) // min(jobs, len(pending)))
-        torch.set_num_threads(args.threads)
+    share = process_threads(device, jobs, len(pending), args.threads)
+    if share is not None:
+        args.threads = share
+        torch.set_num_threads(share)
     # each worker's GPU (CUDA_VISIBLE_DEVICES) where several are visible, recorded in the report
     gpu_env = {label: worker_gpu(device, i + 1) for i, label in enumerate(pending[1:jobs])}
     workers = {label: _spawn(args, device, out, label, i + 1, gpu_env[label])
@@ -324,6 +322,17 @@ def _main(args) -> int:
         print(f"pq2verify gsm8k: {cmp['answer_diffs']} answers differ (> --max-diff {args.max_diff})", file=sys.stderr)
         return EXIT_DIFF
     return 0
+
+
+def process_threads(device: str, jobs: int, runs: int, threads: int | None, cores: int | None = None):
+    """CPU threads for each process of a GPU run with worker processes: its share of the cores
+    (None: leave torch's default, or the --threads given). OpenMP pools of three processes
+    spinning on the same cores stalled a worker's 1-2 s weight conversion for 140 s on the
+    H200's 16-core host and halved run A's host-bound decode rate (results/h200/s6)."""
+    procs = min(jobs, runs)
+    if device != "cuda" or threads is not None or procs < 2:
+        return None
+    return max(1, (cores or os.cpu_count() or 1) // procs)
 
 
 def _graph_stats(conv) -> dict | None:
