@@ -9,13 +9,15 @@ is exactly int_gemv's sum (c-1)*q (the unsigned-codes trick, SPEC §4).
 
 FP32 order: a program owns one N tile and a contiguous range of groups (split-K over groups);
 it folds acc = acc + dot_g*xs*ws (common.scale_accumulate) for g ascending from 0.0, and writes
-its partial to per-call partials [SPLIT, M, N] (kernels.splitk). A second kernel sums the
-partials in the fixed order ((p0 + p1) + p2) + ... and casts to x's dtype. No atomics, so
-reruns give identical bits. With SPLIT = 1 the program writes the cast result directly (same
-value as the reduction).
+its partial to per-call partials [SPLIT, M, N] (kernels.splitk). The last program of an N tile
+to arrive (a per-call arrival counter, zeroed by this call's quantize kernel) sums the tile's
+partials in the fixed order ((p0 + p1) + p2) + ... and casts to x's dtype: no reduce kernel,
+and whichever program arrives last, the order and so the bits are the same. With SPLIT = 1 the
+program writes the cast result directly (same value as the reduction).
 """
 import functools
 
+import torch
 import triton
 import triton.language as tl
 
@@ -55,7 +57,7 @@ def plane_dots(q_ptr, q_sm, rm, m_ok, codes_ptr, rn, n_ok, g, live, G, code_row,
 
 @triton.jit
 def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
-                      codes_ptr, scales_ptr, out_ptr, out_sm, out_sn, part_ptr,
+                      codes_ptr, scales_ptr, out_ptr, out_sm, out_sn, part_ptr, count_ptr,
                       dots_ptr, d_sm, d_sn, d_sg,
                       M, N, G, code_row, code_group, code_off,
                       scale_row, scale_group, scale_off,
@@ -103,6 +105,17 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
                  prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP), mask=mn & nn)
     else:
         tl.store(part_ptr + (pid_k * M + m_off) * N + n_off, acc, mask=mn & nn)
+        tl.debug_barrier()   # the whole program's partial stores before the release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            tl.debug_barrier()
+            tot = tl.load(part_ptr + m_off * N + n_off, mask=mn & nn, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT):
+                tot = tot + tl.load(part_ptr + (s * M + m_off) * N + n_off, mask=mn & nn, other=0.0,
+                                    cache_modifier=".cg")
+            tl.store(out_ptr + m_off * out_sm + n_off * out_sn,
+                     prepare.to_out(tot, out_ptr.dtype.element_ty, INTERP), mask=mn & nn)
+            tl.store(count_ptr + pid_n, 0)   # left as found
 
 
 # A forced config (run/fold config=) is checked field by field (pq2verify.tiles); its splits
@@ -169,23 +182,25 @@ def run(x, w, *, out=None, dots=None, check=True, config=None):
     if m == 0:
         return out
     cfg = _resolve(n, k, m, None, config)
-    q, xs, t = prepare.quantize_q8(x, order="plane")
     groups = w.groups
     bn, per, split = cfg["BN"], cfg["groups_per_split"], cfg["SPLIT"]
+    tiles_n = triton.cdiv(n, bn)
+    # split-K: per-call partials and arrival counters (never shared between calls or graphs);
+    # the quantize kernel zeroes the counters before this call's kernel reads them
+    count = torch.empty(tiles_n, dtype=torch.int32, device=x.device) if split > 1 else None
+    q, xs, t = prepare.quantize_q8(x, order="plane", zero=count)
     st = w.strides
     prepared = w.layout == "prepared"
     part = splitk.partials(x.device, split * m * n) if split > 1 else out
     write_dots = dots is not None
     dd = dots if write_dots else out
     ds = dots.stride() if write_dots else (0, 0, 0)
-    _small_mma_kernel[(triton.cdiv(n, bn), split)](
+    _small_mma_kernel[(tiles_n, split)](
         q, q.stride(0), xs, xs.stride(0), t, t.stride(0),
-        w.codes_u8, w.scales_f16, out, out.stride(0), out.stride(1), part,
+        w.codes_u8, w.scales_f16, out, out.stride(0), out.stride(1), part, count if split > 1 else t,
         dd, ds[0], ds[1], ds[2],
         m, n, groups, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"],
         BM=16, BN=bn, PER=per, SPLIT=split, SWAP=cfg["SWAP"], UNROLL=cfg["UNROLL"], PREPARED=prepared,
         WRITE_DOTS=write_dots, INTERP=common.INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if split > 1:
-        splitk.reduce_splits(part, out, split, m, n)
     return out
