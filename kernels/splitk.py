@@ -1,6 +1,7 @@
 """Split-K helpers shared by the paths that sum per-split FP32 partials (single, small_mma,
-small_gemm): where the partials live, how groups are cut into splits, and the fixed-order
-reduction.
+small_gemm, gemv): where the partials live, how groups are cut into splits, and the fixed-order
+reduction kernel (single, small_gemm; gemv and small_mma sum their partials in the kernel, the
+last program of a tile in the same order).
 
 Partials are allocated per call from torch's caching allocator, never cached in the module.
 The allocator is stream-ordered and every CUDA graph owns a private pool, so two graphs
