@@ -106,7 +106,9 @@ except AttributeError:
     _ENV_RAW = None
 
 
-def _env_key() -> tuple:
+def env_key() -> tuple:
+    """What the path choice reads from the environment ($PQ2_KERNELS, every PQ2_PATH_* switch),
+    as a cache key (resolve's, and the GSM8K runner's graph keys)."""
     # A new variable (a typo'd switch too) changes the count, so it is rescanned and refused.
     if _ENV_RAW is not None:
         return (len(_ENV_RAW),) + tuple(_ENV_RAW.get(k) for k in _ENV_KEYS)
@@ -125,7 +127,7 @@ def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
     kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
     layout = "dense" if kind == "dense" else w.layout
     k = x.shape[-1]
-    key = (kset, kind, layout, x.dtype, k, x.device, _serves(m), _env_key())
+    key = (kset, kind, layout, x.dtype, k, x.device, _serves(m), env_key())
     p = _resolved.get(key)
     if p is None:
         for p in candidates(kset, kind, backend_key(x.device)):

@@ -189,7 +189,7 @@ class _Stack:
             self._w_rev = reversed_groups(self.w)
         g = self.usage.graphs
         if g is not None and g.applies(x2):
-            key = (id(self), m, rev, x2.dtype, dispatch._env_key())   # everything the call's arithmetic depends on
+            key = (id(self), m, rev, x2.dtype, dispatch.env_key())   # everything the call's arithmetic depends on
             y, served = g.call(key, lambda xs: self._matmul(xs, rev), x2)
         else:
             y, served = self._matmul(x2, rev)
