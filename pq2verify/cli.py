@@ -28,12 +28,20 @@ positive_int = _int_at_least(1)
 nonneg_int = _int_at_least(0)
 
 
-def positive_ints(s: str) -> list[int]:
-    """A comma-separated list of integers >= 1 (e.g. --m 1,17)."""
-    vals = [v.strip() for v in s.split(",") if v.strip()]
-    if not vals:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {s!r}")
-    return [positive_int(v) for v in vals]
+def _ints_at_least(lo: int):
+    one = _int_at_least(lo)
+
+    def parse(s: str) -> list[int]:
+        vals = [v.strip() for v in s.split(",") if v.strip()]
+        if not vals:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {lo}, got {s!r}")
+        return [one(v) for v in vals]
+    return parse
+
+
+# comma-separated lists of them (e.g. --m 1,17, --positions 0,32)
+positive_ints = _ints_at_least(1)
+nonneg_ints = _ints_at_least(0)
 
 
 def check_writable(path, option: str, *, directory: bool = False, make_parents: bool = False) -> None:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import UsageError, check_writable, positive_int
+from .cli import UsageError, check_writable, nonneg_ints, positive_int, positive_ints
 
 SEPARATION = ("none", "fold_reversed", "scale_ulp", "scale_1pct", "scale_1pct:all", "drop_group", "stale_tile")
 
@@ -26,24 +26,8 @@ SEPARATION = ("none", "fold_reversed", "scale_ulp", "scale_1pct", "scale_1pct:al
 DEFAULT_M = (1, 4, 16)
 
 
-def _int_list(lo: int):
-    """argparse type: comma-separated integers >= lo (at least one)."""
-    def parse(s: str) -> list[int]:
-        try:
-            v = [int(t) for t in s.split(",") if t.strip()]
-        except ValueError:
-            v = []
-        if not v or min(v) < lo:
-            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {lo}, got {s!r}")
-        return v
-    return parse
-
-
-_positions = _int_list(0)
-
-
 def _ms(s: str) -> tuple:
-    return tuple(sorted(set(_int_list(1)(s))))
+    return tuple(sorted(set(positive_ints(s))))
 
 
 def register(sub) -> None:
@@ -57,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--capture-first", action="store_true",
                    help="first record the model's calls into --capture DIR (golden capture --model's recorder; "
                         "on the CPU through --cpu-backend): for a model changed since the committed capture")
-    p.add_argument("--positions", type=_positions, default=None,
+    p.add_argument("--positions", type=nonneg_ints, default=None,
                    help="decode positions to replay (default: all captured)")
     p.add_argument("--layers", default=None, help="only weights whose name contains this text")
     p.add_argument("--limit", type=positive_int, default=None,

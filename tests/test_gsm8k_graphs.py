@@ -151,3 +151,23 @@ def test_the_cli_refuses_graphs_on_the_cpu(tmp_path, capsys, cpu_env):  # noqa: 
     assert rc == 2
     assert "CUDA graphs need --device cuda" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--m", "0"], "argument --m: expected an integer >= 1, got '0'"),
+    (["--m", "4,x"], "argument --m: expected an integer >= 1, got 'x'"),
+    (["--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
+    (["--sets", "bogus"], "unknown kernel set"),
+    (["--graphs", "--device", "cpu"], "need --device cuda"),
+])
+def test_forward_cost_refuses_impossible_options(argv, msg, capsys):
+    """tools/forward_cost.py (the graph speed-up's measurement) exits 2 before building a model."""
+    import importlib.util
+    from pathlib import Path
+    tool = Path(__file__).resolve().parent.parent / "tools" / "forward_cost.py"
+    spec = importlib.util.spec_from_file_location("forward_cost_tool", tool)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as e:
+        mod.main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err

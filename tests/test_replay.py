@@ -213,11 +213,22 @@ def test_missing_capture_and_another_model_are_usage_errors(capture, tmp_path, d
     assert "differs from the one captured" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad", ["0", "-4", "4,x", ","])
-def test_impossible_m_is_refused_before_any_work(capture, device, capsys, bad):
+@pytest.mark.parametrize("bad,msg", [("0", "expected an integer >= 1, got '0'"),
+                                     ("-4", "expected an integer >= 1, got '-4'"),
+                                     ("4,x", "expected an integer >= 1, got 'x'"),
+                                     (",", "expected comma-separated integers >= 1, got ','")])
+def test_impossible_m_is_refused_before_any_work(capture, device, capsys, bad, msg):
     with pytest.raises(SystemExit) as e:
         _replay(device, capture, "--m", bad)
-    assert e.value.code == 2 and "--m: expected comma-separated integers >= 1" in capsys.readouterr().err
+    assert e.value.code == 2 and f"argument --m: {msg}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad,msg", [("-1", "expected an integer >= 0, got '-1'"),
+                                     ("a", "expected an integer >= 0, got 'a'")])
+def test_impossible_positions_are_refused_before_any_work(capture, device, capsys, bad, msg):
+    with pytest.raises(SystemExit) as e:
+        _replay(device, capture, "--positions", bad)
+    assert e.value.code == 2 and f"argument --positions: {msg}" in capsys.readouterr().err
 
 
 def test_capture_first_records_the_model_it_replays(capture, tmp_path, device, capsys):

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pq2verify.cli import positive_int, positive_ints  # noqa: E402
 
 
 def build(device):
@@ -97,27 +98,25 @@ def call_costs(device, reps=200):
             print(f"{label:10s} {m:2d} {n}x{k:<6d} {issue * 1e6:8.1f} {sync * 1e6:8.1f} {graph * 1e6:8.1f}")
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--m", default="16,8,4,2,1")
+    p.add_argument("--steps", type=positive_int, default=20)
+    p.add_argument("--m", type=positive_ints, default=[16, 8, 4, 2, 1], help="decode Ms (default 16,8,4,2,1)")
     p.add_argument("--sets", default="legacy,tuned")
     p.add_argument("--profile", action="store_true", help="cProfile 10 tuned forwards at the first M")
     p.add_argument("--calls", action="store_true", help="also time single PQ2 calls at the model's shapes")
     p.add_argument("--graphs", action="store_true", help="also time each set with the decode calls in CUDA graphs")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     from pq2verify import kernelsets
+    ms = a.m
     try:
-        ms = [int(v) for v in a.m.split(",")]
         for kset in a.sets.split(","):
             kernelsets.check_name(kset, "--sets ")
     except ValueError as e:
-        p.error(f"--m {a.m!r} / --sets {a.sets!r}: {e}")
+        p.error(str(e))
     if (a.calls or a.graphs) and a.device != "cuda":
         p.error("--calls and --graphs time CUDA launches and graphs: need --device cuda")
-    if a.steps < 1 or not ms or min(ms) < 1:
-        p.error(f"--steps {a.steps} and every --m value must be >= 1")
     if a.calls:
         call_costs(a.device)
     torch.set_grad_enabled(False)
