@@ -7,13 +7,13 @@ activation word 8s + j is 4^s times the plane's dot, exactly. So
     dot_g = sum_s (sum_j dp4a_u8s8(w_j & P_s, a[8s + j])) >> 2s  -  t_g
 equals int_gemv's sum (c-1)*q exactly (the shift divides a multiple of 4^s; the unsigned-codes
 trick, SPEC §4). One AND and one DP4A per plane word: about half of single's instructions per
-weight byte (no shift per plane, no split-K, no reduce kernel).
+weight byte (no shift per plane, no reduce kernel).
 
-FP32 order: a program owns BN rows and all G groups, walked in chunks of GC groups. Lane c of a
-row keeps lane_c = lane_c + dot_g*xs_g*ws_g (common.scale_accumulate) for g = c, c+GC, ...
-ascending; the GC lanes are summed by the pairwise tree ((l0+l1)+(l2+l3))+... No split-K:
-rows alone give every SM enough loads in flight at decode shapes, so the output is written once
-and there is nothing to reduce, nothing shared between calls, and reruns are bit-identical.
+FP32 order: a program owns BN rows and one split's groups (all G where rows alone give enough
+programs), walked in chunks of GC groups. Lane c of a row keeps lane_c = lane_c +
+dot_g*xs_g*ws_g (common.scale_accumulate) for g = c, c+GC, ... ascending; the GC lanes are summed
+by the pairwise tree ((l0+l1)+(l2+l3))+...; split partials are summed in split order by the
+tile's last program (splitk.sum_if_last), so reruns are bit-identical.
 
 Launch (CUDA): the quantize kernel and this one are launched with programmatic dependent launch
 (PDL). Each kernel first lets its successor launch, loads what no earlier kernel writes (the
@@ -136,15 +136,7 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
         # split-K reduced in this kernel: every program stores its partial; the last of a tile
         # to arrive (the counter, zeroed by this call's quantize kernel) sums them in split order
         tl.store(part_ptr + pid_k * N + rn, y, mask=n_ok)
-        tl.debug_barrier()   # the whole program's partial stores before the release below
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT - 1:
-            tl.debug_barrier()
-            acc = tl.load(part_ptr + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT):
-                acc = acc + tl.load(part_ptr + s * N + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + rn * out_sn, prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP), mask=n_ok)
-            tl.store(count_ptr + tile, 0)   # left as found, so a launch without quantize can reuse it
+        splitk.sum_if_last(part_ptr, count_ptr, tile, rn, n_ok, N, out_ptr, rn * out_sn, SPLIT, INTERP)
 
 
 FIELDS = {"BN": tiles.pow2(1), "GC": tiles.pow2(1), "groups_per_split": tiles.integer(1),

@@ -105,17 +105,8 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
                  prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP), mask=mn & nn)
     else:
         tl.store(part_ptr + (pid_k * M + m_off) * N + n_off, acc, mask=mn & nn)
-        tl.debug_barrier()   # the whole program's partial stores before the release below
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT - 1:
-            tl.debug_barrier()
-            tot = tl.load(part_ptr + m_off * N + n_off, mask=mn & nn, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT):
-                tot = tot + tl.load(part_ptr + (s * M + m_off) * N + n_off, mask=mn & nn, other=0.0,
-                                    cache_modifier=".cg")
-            tl.store(out_ptr + m_off * out_sm + n_off * out_sn,
-                     prepare.to_out(tot, out_ptr.dtype.element_ty, INTERP), mask=mn & nn)
-            tl.store(count_ptr + pid_n, 0)   # left as found
+        splitk.sum_if_last(part_ptr, count_ptr, pid_n, m_off * N + n_off, mn & nn, M * N,
+                           out_ptr, m_off * out_sm + n_off * out_sn, SPLIT, INTERP)
 
 
 # A forced config (run/fold config=) is checked field by field (pq2verify.tiles); its splits

@@ -51,6 +51,25 @@ def split_groups(groups: int, want: int, multiple: int = 1):
 
 
 @triton.jit
+def sum_if_last(part_ptr, count_ptr, tile, offs, mask, split_stride, out_ptr, out_offs,
+                SPLIT: tl.constexpr, INTERP: tl.constexpr):
+    """Split-K reduced inside the kernel (gemv, small_mma), called by every program of a tile
+    after storing its partial at part_ptr + split * split_stride + offs: the tile's last program
+    to arrive (count_ptr[tile], zeroed by the call's quantize kernel) sums the SPLIT partials in
+    the fixed order ((p0 + p1) + p2) + ..., stores the cast sum at out_ptr + out_offs and puts the
+    counter back to 0. Whichever program arrives last, the order and so the bits are the same."""
+    tl.debug_barrier()   # the whole program's partial stores before the release below
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT - 1:
+        tl.debug_barrier()
+        acc = tl.load(part_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT):
+            acc = acc + tl.load(part_ptr + s * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + out_offs, prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP), mask=mask)
+        tl.store(count_ptr + tile, 0)   # left as found
+
+
+@triton.jit
 def _reduce_kernel(part_ptr, out_ptr, M, N, out_sm, out_sn,
                    SPLIT: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
