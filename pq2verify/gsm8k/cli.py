@@ -159,8 +159,8 @@ def _main(args) -> int:
     t_start = time.perf_counter()
     from .. import backend
     device = backend.device()
-    if args.graphs and device != "cuda":
-        raise ValueError("--graphs: CUDA graphs need --device cuda")
+    from .model import check_graphs
+    check_graphs(args.graphs, device)     # before any work
     import torch
     if device == "cpu":
         _cpu_setup(args)

@@ -318,14 +318,17 @@ def deterministic_attention(device) -> str:
     return "sdpa without cuDNN attention (flash / memory-efficient / math: deterministic forward)"
 
 
+def check_graphs(graphs: bool | None, device: str) -> None:
+    if graphs and torch.device(device).type != "cuda":
+        raise ValueError("--graphs: CUDA graphs need --device cuda")
+
+
 def prepare(path: str | None, digits: int | None, device: str, dtype=torch.bfloat16,
             graphs: bool = False) -> Converted:
     """graphs: replay decode calls (M <= 16) from CUDA graphs (graphs.py; the gsm8k command's
     default on CUDA). Off here: a caller that hooks pq2_matmul (golden capture --model) sees
     every call only when each one runs eagerly."""
-    cuda = torch.device(device).type == "cuda"
-    if graphs and not cuda:
-        raise ValueError("--graphs: CUDA graphs need --device cuda")
+    check_graphs(graphs, device)
     path = path or default_model_path()
     deterministic_attention(device)
     model, tok = load_hf(path, dtype)
