@@ -61,6 +61,28 @@ def expand_signed(v, INTERP: tl.constexpr):
 
 
 @triton.jit
+def code_plane(c, s: tl.constexpr, INTERP: tl.constexpr):
+    """Plane s of code bytes c (uint8, four 2-bit codes each): (c >> 2s) & 3 as int8. On CUDA one
+    32-bit shift and AND per four bytes (inline PTX, pack=4: the mask drops the bits a shift
+    moves across bytes, so how bytes are packed does not matter); Triton's own byte ops cost
+    about three instructions a byte."""
+    if INTERP:
+        return ((c >> (2 * s)) & 3).to(tl.int8)
+    elif s == 0:
+        return tl.inline_asm_elementwise("and.b32 $0, $1, 0x03030303;", "=r,r", [c],
+                                         dtype=tl.int8, is_pure=True, pack=4)
+    elif s == 1:
+        return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 2; and.b32 $0, t, 0x03030303;}",
+                                         "=r,r", [c], dtype=tl.int8, is_pure=True, pack=4)
+    elif s == 2:
+        return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x03030303;}",
+                                         "=r,r", [c], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        return tl.inline_asm_elementwise("{.reg .b32 t; shr.b32 t, $1, 6; and.b32 $0, t, 0x03030303;}",
+                                         "=r,r", [c], dtype=tl.int8, is_pure=True, pack=4)
+
+
+@triton.jit
 def scale_accumulate(acc, dot, xs, ws):
     """The one FP32 expression every integer path uses to fold a group into its sum: keeping
     it in one place is what lets mmq and mmq_planes be bit-identical."""

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from . import common, prepare
-from .small_mma import plane_dots
+from .small_mma import codes, plane_dots
 from pq2verify import tiles, validate
 
 
@@ -57,13 +57,12 @@ def _mmq_planes_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
         n_off = rn[None, :]
     # constexpr G: runtime loop bounds break Triton 3.6's interpreter under numpy >= 2.4
     for g in range(0, G):
-        d = plane_dots(q_ptr, q_sm, rm, m_ok, codes_ptr, rn, n_ok, g, True, G, code_row,
-                       code_group, code_off, BM, BN, SWAP, PREPARED)
+        c = codes(codes_ptr, rn, n_ok, g, True, G, code_row, code_group, code_off, SWAP, PREPARED, True)
         t = tl.load(t_ptr + m_off * t_sm + g, mask=mn, other=0)
         xs = tl.load(xs_ptr + m_off * xs_sm + g, mask=mn, other=0.0)
         ws = tl.load(scales_ptr + scale_off + n_off * scale_row + g * scale_group,
                      mask=nn, other=0.0).to(tl.float32)
-        dot = d - t
+        dot = plane_dots(c, tl.broadcast_to(-t, acc.shape), q_ptr, q_sm, rm, m_ok, g, True, SWAP, True, INTERP)
         acc = common.scale_accumulate(acc, dot, xs, ws)
         if WRITE_DOTS:
             tl.store(dots_ptr + m_off * d_sm + n_off * d_sn + g * d_sg, dot, mask=mn & nn)

@@ -7,6 +7,16 @@ with activation column s*32+b of the plane-order group. So
     dot_g[m, n] = sum_s tl.dot(q[m, 128g+32s : 128g+32s+32], plane_s) - t[m, g]
 is exactly int_gemv's sum (c-1)*q (the unsigned-codes trick, SPEC §4).
 
+Instructions per weight byte decide its speed (a decode call is issue-bound, not DRAM-bound):
+on CUDA a plane is one 32-bit shift and AND per four code bytes (common.code_plane; Triton's
+own byte ops took about three instructions a byte), and the MMA accumulator starts at -t[m, g]
+so no per-element subtraction follows. On the H200 this took the chained M = 16 step from
+9.17 to 6.75 ms with the same bits (results/h200/s7).
+
+Launch (CUDA, PDL in the config): the quantize kernel and this one are launched with
+programmatic dependent launch, as gemv is; this kernel waits for the quantize grid
+(griddepcontrol.wait) before its first load.
+
 FP32 order: a program owns one N tile and a contiguous range of groups (split-K over groups);
 it folds acc = acc + dot_g*xs*ws (common.scale_accumulate) for g ascending from 0.0, and writes
 its partial to per-call partials [SPLIT, M, N] (kernels.splitk). The last program of an N tile
@@ -26,12 +36,10 @@ from pq2verify import tiles, validate
 
 # --- the kernel --------------------------------------------------------------------------
 @triton.jit
-def plane_dots(q_ptr, q_sm, rm, m_ok, codes_ptr, rn, n_ok, g, live, G, code_row, code_group,
-               code_off, BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr,
-               PREPARED: tl.constexpr):
-    """sum_s tl.dot(plane-order q[rm, 128g+32s : +32], (codes[rn, group g] >> 2s) & 3): the
-    raw-code group dot, int32 [BM, BN]; transposed, [BN, BM], when SWAP (the weight planes as
-    the MMA's A operand, K contiguous in registers as loaded; activations as B)."""
+def codes(codes_ptr, rn, n_ok, g, live, G, code_row, code_group, code_off, SWAP: tl.constexpr,
+           PREPARED: tl.constexpr, MASKED: tl.constexpr):
+    """Code bytes of rows rn, group g: [BN, 32] when SWAP, else [32, BN]. With MASKED, rows past
+    N and a dead group (live false) read as zero."""
     rb = tl.arange(0, 32)
     if PREPARED:
         # row stride G*32 bytes written so the compiler sees 32-byte aligned rows (16-byte loads)
@@ -39,19 +47,41 @@ def plane_dots(q_ptr, q_sm, rm, m_ok, codes_ptr, rn, n_ok, g, live, G, code_row,
     else:
         row = code_off + rn * code_row + g * code_group
     if SWAP:
-        c = tl.load(codes_ptr + row[:, None] + rb[None, :], mask=n_ok[:, None] & live, other=0)
-        d = tl.zeros([BN, BM], dtype=tl.int32)
-        for s in tl.static_range(4):
-            a = tl.load(q_ptr + rm[None, :] * q_sm + (g * 128 + s * 32) + rb[:, None],
-                        mask=m_ok[None, :] & live, other=0)                     # [32, BM] int8
-            d = tl.dot(((c >> (2 * s)) & 3).to(tl.int8), a, d, out_dtype=tl.int32)
+        ptr = codes_ptr + row[:, None] + rb[None, :]
+        ok = n_ok[:, None] & live
     else:
-        c = tl.load(codes_ptr + row[None, :] + rb[:, None], mask=n_ok[None, :] & live, other=0)
-        d = tl.zeros([BM, BN], dtype=tl.int32)
-        for s in tl.static_range(4):
-            a = tl.load(q_ptr + rm[:, None] * q_sm + (g * 128 + s * 32) + rb[None, :],
-                        mask=m_ok[:, None] & live, other=0)                     # [BM, 32] int8
-            d = tl.dot(a, ((c >> (2 * s)) & 3).to(tl.int8), d, out_dtype=tl.int32)
+        ptr = codes_ptr + row[None, :] + rb[:, None]
+        ok = n_ok[None, :] & live
+    if MASKED:
+        return tl.load(ptr, mask=ok, other=0)
+    return tl.load(ptr)
+
+
+@triton.jit
+def plane_dots(c, seed, q_ptr, q_sm, rm, m_ok, g, live, SWAP: tl.constexpr, MASKED: tl.constexpr,
+               INTERP: tl.constexpr):
+    """seed + sum_s tl.dot(plane-order q[rm, 128g+32s : +32], (c >> 2s) & 3) for code bytes c of
+    group g: int32 [BM, BN], or [BN, BM] when SWAP (the weight planes as the MMA's A operand,
+    activations as B). Seeded with -t, it is the group dot minus the group sum with no
+    subtraction per element."""
+    rb = tl.arange(0, 32)
+    d = seed
+    for s in tl.static_range(4):
+        if SWAP:
+            ap = q_ptr + rm[None, :] * q_sm + (g * 128 + s * 32) + rb[:, None]     # [32, BM]
+            ok = m_ok[None, :]
+        else:
+            ap = q_ptr + rm[:, None] * q_sm + (g * 128 + s * 32) + rb[None, :]     # [BM, 32]
+            ok = m_ok[:, None]
+        if MASKED:
+            a = tl.load(ap, mask=ok & live, other=0)
+        else:
+            a = tl.load(ap, mask=ok, other=0)
+        p = common.code_plane(c, s, INTERP)
+        if SWAP:
+            d = tl.dot(p, a, d, out_dtype=tl.int32)
+        else:
+            d = tl.dot(a, p, d, out_dtype=tl.int32)
     return d
 
 
@@ -62,8 +92,11 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
                       M, N, G, code_row, code_group, code_off,
                       scale_row, scale_group, scale_off,
                       BM: tl.constexpr, BN: tl.constexpr, PER: tl.constexpr, SPLIT: tl.constexpr,
-                      SWAP: tl.constexpr, UNROLL: tl.constexpr, PREPARED: tl.constexpr,
+                      SWAP: tl.constexpr, UNROLL: tl.constexpr,
+                      PREPARED: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr,
                       WRITE_DOTS: tl.constexpr, INTERP: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BM)
@@ -84,20 +117,30 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
         nn = n_ok[None, :]
         m_off = rm[:, None]
         n_off = rn[None, :]
+    if PDL:
+        # launched with programmatic dependent launch after this call's quantize kernel, which
+        # writes what this kernel reads; the pipeliner's first code loads come after this wait
+        tl.extra.cuda.gdc_wait()
     # constexpr trip count: runtime loop bounds break Triton 3.6's interpreter under numpy >= 2.4;
-    # only the last split can run past G, and its extra groups leave acc untouched
+    # only the last split can run past G (MASKED), and its extra groups leave acc untouched
     for i in range(0, PER // UNROLL):
         for u in tl.static_range(UNROLL):
             g = g_begin + i * UNROLL + u
             live = g < G
-            d = plane_dots(q_ptr, q_sm, rm, m_ok, codes_ptr, rn, n_ok, g, live, G, code_row,
-                           code_group, code_off, BM, BN, SWAP, PREPARED)
+            c = codes(codes_ptr, rn, n_ok, g, live, G, code_row, code_group, code_off, SWAP, PREPARED, MASKED)
             t = tl.load(t_ptr + m_off * t_sm + g, mask=mn & live, other=0)
             xs = tl.load(xs_ptr + m_off * xs_sm + g, mask=mn & live, other=0.0)
-            ws = tl.load(scales_ptr + scale_off + n_off * scale_row + g * scale_group,
-                         mask=nn & live, other=0.0).to(tl.float32)
-            dot = d - t
-            acc = tl.where(live, common.scale_accumulate(acc, dot, xs, ws), acc)
+            dot = plane_dots(c, tl.broadcast_to(-t, acc.shape), q_ptr, q_sm, rm, m_ok, g, live, SWAP, MASKED,
+                             INTERP)
+            wp = scales_ptr + scale_off + n_off * scale_row + g * scale_group
+            if MASKED:
+                ws = tl.load(wp, mask=nn & live, other=0.0).to(tl.float32)
+            else:
+                ws = tl.load(wp).to(tl.float32)
+            if MASKED:
+                acc = tl.where(live, common.scale_accumulate(acc, dot, xs, ws), acc)
+            else:
+                acc = common.scale_accumulate(acc, dot, xs, ws)
             if WRITE_DOTS:
                 tl.store(dots_ptr + m_off * d_sm + n_off * d_sn + g * d_sg, dot, mask=mn & nn & live)
     if SPLIT == 1:
@@ -112,12 +155,14 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
 # A forced config (run/fold config=) is checked field by field (pq2verify.tiles); its splits
 # must cover the groups with none empty, and groups per split be a multiple of UNROLL.
 FIELDS = {"BN": tiles.pow2(16), "groups_per_split": tiles.integer(1), "SPLIT": tiles.integer(1),
-          "SWAP": tiles.flag, "UNROLL": tiles.integer(1), "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+          "SWAP": tiles.flag, "UNROLL": tiles.integer(1), "PDL": tiles.flag,
+          "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
-    """{BN, groups_per_split, SPLIT, SWAP, UNROLL, num_warps, num_stages} from shapes only
-    (M bucketed to 8 or 16). Decode is memory-bound: aim for ~1000+ programs so every SM has
+    """{BN, groups_per_split, SPLIT, SWAP, UNROLL, PDL, num_warps, num_stages} from shapes only
+    (M bucketed to 8 or 16). PDL: launch the quantize kernel and this one with programmatic
+    dependent launch (CUDA only). Decode is memory-bound: aim for ~1000+ programs so every SM has
     several tiles' loads in flight, but keep the partial traffic (SPLIT*M*N*8 bytes) small next
     to the N*K/4 weight bytes. Groups per split is a multiple of UNROLL (groups per loop trip).
     interpret: the interpreter's config or the GPU's (default: this process's)."""
@@ -132,14 +177,15 @@ def _config(m_bucket: int, n: int, k: int, interpret: bool):
         # body with a dead tail group when G is odd) to exercise them
         per, split = splitk.split_groups(groups, 2, 2)
         return dict(BN=min(256, max(16, triton.next_power_of_2(n))), groups_per_split=per, SPLIT=split, SWAP=False,
-                    UNROLL=2, num_warps=4, num_stages=1)
+                    UNROLL=2, PDL=False, num_warps=4, num_stages=1)
     bn, unroll = 128, 1
     tiles_n = triton.cdiv(n, bn)
     want = 1
     while tiles_n * want < 1024 and groups // (2 * want) >= 4:
         want *= 2
     per, split = splitk.split_groups(groups, want, unroll)
-    return dict(BN=bn, groups_per_split=per, SPLIT=split, SWAP=False, UNROLL=unroll, num_warps=4, num_stages=3)
+    return dict(BN=bn, groups_per_split=per, SPLIT=split, SWAP=False, UNROLL=unroll, PDL=True,
+                num_warps=4, num_stages=3)
 
 
 def m_bucket(m: int) -> int:
@@ -179,7 +225,8 @@ def run(x, w, *, out=None, dots=None, check=True, config=None):
     # split-K: per-call partials and arrival counters (never shared between calls or graphs);
     # the quantize kernel zeroes the counters before this call's kernel reads them
     count = torch.empty(tiles_n, dtype=torch.int32, device=x.device) if split > 1 else None
-    q, xs, t = prepare.quantize_q8(x, order="plane", zero=count)
+    pdl = cfg["PDL"] and not common.INTERPRET and x.device.type == "cuda"
+    q, xs, t = prepare.quantize_q8(x, order="plane", pdl=pdl, zero=count)
     st = w.strides
     prepared = w.layout == "prepared"
     part = splitk.partials(x.device, split * m * n) if split > 1 else out
@@ -192,6 +239,8 @@ def run(x, w, *, out=None, dots=None, check=True, config=None):
         dd, ds[0], ds[1], ds[2],
         m, n, groups, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"],
-        BM=16, BN=bn, PER=per, SPLIT=split, SWAP=cfg["SWAP"], UNROLL=cfg["UNROLL"], PREPARED=prepared,
-        WRITE_DOTS=write_dots, INTERP=common.INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        BM=16, BN=bn, PER=per, SPLIT=split, SWAP=cfg["SWAP"], UNROLL=cfg["UNROLL"],
+        PREPARED=prepared, MASKED=not (prepared and n % bn == 0 and groups % per == 0), PDL=pdl,
+        WRITE_DOTS=write_dots, INTERP=common.INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        launch_pdl=pdl)
     return out

@@ -1,0 +1,201 @@
+"""Tuning sweep for the M = 2..16 decode path (kernels.small_mma) on a GPU; not part of the suite:
+it picks configs, the bench measures them. For each Bonsai PQ2 shape, every candidate config
+(over the chooser: PDL, SWAP, tile, warps, stages, split-K target), and the previous
+session's kernel, timed at M = 4 and 16 as one CUDA graph of
+calls on rotated weight copies, beside a streaming read of the same bytes; then the chained
+257-projection step at M = 2, 4, 8, 16 with the chooser's configs, the per-shape best, and the
+speed-of-light reads (plain and PDL). Writes JSON as it goes.
+
+    python tools/mma_sweep.py $OUT/mma_sweep.json [--shapes gate_up,down] [--only-step best.json]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(__file__))
+from decode_sweep import clocks, graph_time, read_thunk  # noqa: E402  (tools/ is not a package)
+
+from kernels import small_mma, splitk  # noqa: E402
+from pq2verify import inputs, registry  # noqa: E402
+from pq2verify.bench import plan  # noqa: E402
+from pq2verify.bench.probe import read_probe  # noqa: E402
+
+# variants over the chooser's config: (label, fields); "split:P" re-cuts split-K for ~P programs
+VARIANTS = [("chooser", {}), ("no PDL", {"PDL": False}), ("SWAP", {"SWAP": True}),
+            ("BN256", {"BN": 256}), ("warps8", {"num_warps": 8}), ("stages4", {"num_stages": 4}),
+            ("split:264", {}), ("split:528", {}), ("split:1056", {}), ("BN64 split:528", {"BN": 64})]
+
+
+def split_for(n, k, bn, progs):
+    """(groups per split, splits) for about `progs` programs, a divisor of G if one is close
+    (no dead groups: the unmasked kernel)."""
+    groups, tiles_n, want = k // 128, triton.cdiv(n, bn), 1
+    while tiles_n * want < progs and groups // (2 * want) >= 2:
+        want *= 2
+    per, split = splitk.split_groups(groups, want, 1)
+    div = max(d for d in range(1, per + 1) if groups % d == 0)
+    if 2 * div >= per:
+        per, split = div, groups // div
+    return per, split
+
+
+def variant(n, k, m, fields, lab):
+    c = {**small_mma.config(n, k, m), **fields}
+    if "split:" in lab:
+        c["groups_per_split"], c["SPLIT"] = split_for(n, k, c["BN"], int(lab.split("split:")[1]))
+    return c
+
+
+def label(c):
+    return ",".join(f"{a}={int(b) if type(b) is bool else b}" for a, b in c.items())
+
+
+def mma(x, w, out, cfg):
+    return lambda: small_mma.run(x, w, out=out, check=False, config=cfg)
+
+
+def old_kernel():
+    """The previous session's small_mma (carried beside the tree), timed in the same process."""
+    try:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".carry", "s7"))
+        import old_small_mma
+        return old_small_mma
+    except ImportError:
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dest", nargs="?", default="mma_sweep.json")
+    ap.add_argument("--shapes", default=None)
+    ap.add_argument("--m", type=lambda v: [int(a) for a in v.split(",")], default=[4, 16])
+    ap.add_argument("--only-step", default=None, help="JSON with {'best': {shape: config}}: skip the sweep")
+    args = ap.parse_args()
+    t0 = time.time()
+    torch.manual_seed(0)
+    bw_buf = torch.randint(-2 ** 31, 2 ** 31 - 1, (2 * 10 ** 9 // 4,), dtype=torch.int32, device="cuda")
+    rd, _ = read_probe(bw_buf)
+    bw = bw_buf.numel() * 4 / graph_time([rd], reps=5)
+    del bw_buf
+    print(f"streaming read {bw / 1e12:.3f} TB/s; clocks {clocks()}", flush=True)
+    res = {"bw": bw, "clocks_start": clocks(), "m": args.m, "shapes": {}, "step": {}}
+    old = old_kernel()
+
+    def save():
+        with open(args.dest, "w") as f:
+            json.dump(res, f, indent=1)
+    shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
+    sweep = {} if args.only_step else shapes
+    if args.shapes:
+        sweep = {nm: shapes[nm] for nm in args.shapes.split(",")}
+    best = {}
+    for name, sh in sweep.items():
+        n, k = sh.n, sh.k
+        nbytes = n * k // 4 + n * (k // 128) * 2
+        copies = max(2, min(12, int(400e6 // nbytes) + 1))
+        ws = [inputs.ternary_weight(n, k, seed=i, device="cuda") for i in range(copies)]
+        res["shapes"][name] = {"n": n, "k": k, "bytes": nbytes, "rows": {}}
+        for m in args.m:
+            x = inputs.activations(m, k, seed=1, device="cuda")
+            ref = registry.get("int_gemv").kernel()(x, ws[0]).float()
+            outs = [torch.empty(m, n, dtype=x.dtype, device="cuda") for _ in ws]
+            rows = res["shapes"][name]["rows"].setdefault(f"M={m}", {})
+            y_chooser = y_old = None
+            conts = [("old", None)] + [(lab, variant(n, k, m, f, lab)) for lab, f in VARIANTS]
+            seen = set()
+            for lab, cfg in conts:
+                if lab == "old":
+                    if old is None:
+                        continue
+                    run = lambda x, w, o: (lambda: old.run(x, w, out=o, check=False))  # noqa: E731
+                else:
+                    if cfg is None or label(cfg) in seen:
+                        continue
+                    seen.add(label(cfg))
+                    run = lambda x, w, o, cfg=cfg: mma(x, w, o, cfg)  # noqa: E731
+                try:
+                    y = run(x, ws[0], outs[0])().clone()
+                    err = float((y.float() - ref).norm() / ref.norm())
+                    y2 = run(x, ws[0], torch.empty_like(outs[0]))()
+                    t = graph_time([run(x, w, o) for w, o in zip(ws, outs)]) / copies
+                except Exception as e:   # a config the compiler refuses: report, go on
+                    rows[lab] = {"error": repr(e)[:300], "cfg": cfg}
+                    print(f"{name:8s} M={m:2d} {lab:16s} ERROR {repr(e)[:200]}", flush=True)
+                    continue
+                if lab == "chooser":
+                    y_chooser = y
+                same = None if y_chooser is None or lab == "old" else bool(torch.equal(y, y_chooser))
+                rows[lab] = {"cfg": cfg, "us": t * 1e6, "floor_frac": nbytes / t / bw, "relrms_vs_int_gemv": err,
+                             "rerun_equal": bool(torch.equal(y, y2)), "bits_equal_chooser": same}
+                if lab == "old":
+                    y_old = y
+                if lab == "chooser" and y_old is not None:
+                    rows[lab]["bits_equal_old"] = bool(torch.equal(y, y_old))
+                print(f"{name:8s} M={m:2d} {lab:16s} {t * 1e6:8.2f} us {nbytes / t / bw:6.1%} err {err:.1e} "
+                      f"rerun= {rows[lab]['rerun_equal']} =chooser {same} =old {rows[lab].get('bits_equal_old', '')} "
+                      f"{'' if cfg is None else label(cfg)} [{time.time() - t0:.0f}s]", flush=True)
+            del outs
+            ok = {lab: r for lab, r in rows.items() if r.get("cfg") and "us" in r}
+            best.setdefault(name, {})[str(small_mma.m_bucket(m))] = min(ok.values(), key=lambda r: r["us"])["cfg"]
+        flat = [w.flat.view(torch.int32) for w in ws]
+        t = graph_time([read_probe(f)[0] for f in flat]) / copies
+        res["shapes"][name]["read"] = {"us": t * 1e6, "floor_frac": nbytes / t / bw}
+        print(f"{name:8s} read (SOL body)  {t * 1e6:8.2f} us {nbytes / t / bw:6.1%}", flush=True)
+        save()
+        del ws
+        torch.cuda.empty_cache()
+    if args.only_step:
+        best = json.load(open(args.only_step))["best"]
+    res["best"] = best
+    print("best per shape and M bucket:", json.dumps(best), flush=True)
+
+    order = plan.step_order()
+    step_w = [inputs.ternary_weight(shapes[nm].n, shapes[nm].k, seed=1000 + i, device="cuda")
+              for i, nm in enumerate(order)]
+    total = sum(w.nbytes for w in step_w)
+
+    def thunks(kind, m):
+        out, prev = [], inputs.activations(m, 5120, seed=7, device="cuda")
+        for nm, w in zip(order, step_w):
+            o = torch.empty(m, w.n, dtype=torch.bfloat16, device="cuda")
+            xin = prev.reshape(-1)[:m * w.k].view(m, w.k)
+            if kind == "chooser":
+                out.append(lambda x=xin, w=w, o=o: small_mma.run(x, w, out=o, check=False))
+            elif kind == "old":
+                out.append(lambda x=xin, w=w, o=o: old.run(x, w, out=o, check=False))
+            elif kind == "best" and nm in best:
+                out.append(mma(xin, w, o, best[nm][str(small_mma.m_bucket(m))]))
+            elif kind.startswith("read"):
+                out.append(read_thunk(w.flat.view(torch.int32), kind == "read_pdl"))
+            else:
+                raise ValueError(f"{kind}: no config for {nm}")
+            prev = o
+        return out
+    for m in (2, 4, 8, 16):
+        for kind in ("old", "chooser", "best", "read", "read_pdl"):
+            if kind == "old" and old is None:
+                continue
+            if kind.startswith("read") and m != 16:
+                continue
+            if kind == "best" and set(best) != set(shapes):
+                continue
+            th = thunks(kind, m)
+            t = graph_time(th, reps=5)
+            res["step"][f"{kind} M={m}"] = {"ms": t * 1e3, "floor_frac": total / t / bw}
+            print(f"step M={m:2d} {kind:10s} {t * 1e3:7.3f} ms  {total / t / bw:6.1%} of floor "
+                  f"({total / bw * 1e3:.3f} ms)  [{time.time() - t0:.0f}s]", flush=True)
+            del th
+            save()
+    res["step_bytes"] = total
+    res["clocks_end"] = clocks()
+    save()
+    print("clocks", res["clocks_end"])
+
+
+if __name__ == "__main__":
+    main()
