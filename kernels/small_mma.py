@@ -86,6 +86,17 @@ def plane_dots(c, seed, q_ptr, q_sm, rm, m_ok, g, live, SWAP: tl.constexpr, MASK
 
 
 @triton.jit
+def _sums_scales(t_ptr, t_sm, xs_ptr, xs_sm, scales_ptr, scale_off, scale_row, scale_group,
+                 m_off, n_off, mn, nn, g, ok):
+    """Group g's sums t and activation scales xs (per row of x) and weight scales ws (per row of
+    the weights, as fp32); zeros where not ok."""
+    t = tl.load(t_ptr + m_off * t_sm + g, mask=mn & ok, other=0)
+    xs = tl.load(xs_ptr + m_off * xs_sm + g, mask=mn & ok, other=0.0)
+    ws = tl.load(scales_ptr + scale_off + n_off * scale_row + g * scale_group, mask=nn & ok, other=0.0)
+    return t, xs, ws.to(tl.float32)
+
+
+@triton.jit
 def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
                       codes_ptr, scales_ptr, out_ptr, out_sm, out_sn, part_ptr, count_ptr,
                       dots_ptr, d_sm, d_sn, d_sg,
@@ -121,22 +132,23 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
         # launched with programmatic dependent launch after this call's quantize kernel, which
         # writes what this kernel reads; the pipeliner's first code loads come after this wait
         tl.extra.cuda.gdc_wait()
+    # the group sums and scales are loaded a group ahead (tiny loads, but each would otherwise
+    # stall its iteration on an L2 round trip; the pipeliner only stages the MMA operands)
+    t_n, xs_n, ws_n = _sums_scales(t_ptr, t_sm, xs_ptr, xs_sm, scales_ptr, scale_off, scale_row, scale_group,
+                                   m_off, n_off, mn, nn, g_begin, g_begin < G)
     # constexpr trip count: runtime loop bounds break Triton 3.6's interpreter under numpy >= 2.4;
     # only the last split can run past G (MASKED), and its extra groups leave acc untouched
     for i in range(0, PER // UNROLL):
         for u in tl.static_range(UNROLL):
             g = g_begin + i * UNROLL + u
             live = g < G
+            t, xs, ws = t_n, xs_n, ws_n
+            t_n, xs_n, ws_n = _sums_scales(t_ptr, t_sm, xs_ptr, xs_sm, scales_ptr, scale_off, scale_row,
+                                           scale_group, m_off, n_off, mn, nn, g + 1,
+                                           (i * UNROLL + u + 1 < PER) & (g + 1 < G))
             c = codes(codes_ptr, rn, n_ok, g, live, G, code_row, code_group, code_off, SWAP, PREPARED, MASKED)
-            t = tl.load(t_ptr + m_off * t_sm + g, mask=mn & live, other=0)
-            xs = tl.load(xs_ptr + m_off * xs_sm + g, mask=mn & live, other=0.0)
             dot = plane_dots(c, tl.broadcast_to(-t, acc.shape), q_ptr, q_sm, rm, m_ok, g, live, SWAP, MASKED,
                              INTERP)
-            wp = scales_ptr + scale_off + n_off * scale_row + g * scale_group
-            if MASKED:
-                ws = tl.load(wp, mask=nn & live, other=0.0).to(tl.float32)
-            else:
-                ws = tl.load(wp).to(tl.float32)
             if MASKED:
                 acc = tl.where(live, common.scale_accumulate(acc, dot, xs, ws), acc)
             else:
@@ -181,9 +193,17 @@ def _config(m_bucket: int, n: int, k: int, interpret: bool):
     bn, unroll = 128, 1
     tiles_n = triton.cdiv(n, bn)
     want = 1
-    while tiles_n * want < 1024 and groups // (2 * want) >= 4:
+    # ~1000 programs; but once there are two per SM, the partials at M = 16 (SPLIT*16*N*4 bytes
+    # written, then read back) stay within ~40% of the N*K/4 weight bytes: on the H200, down
+    # (K = 17408) took 20.9 us at M = 16 with 8 splits against 27.3 with 28 (results/h200/s7)
+    while (tiles_n * want < 1024 and groups // (2 * want) >= 4
+           and (tiles_n * want < 264 or 2 * want * 16 * 32 <= 0.4 * k)):
         want *= 2
     per, split = splitk.split_groups(groups, want, unroll)
+    # a divisor of G close to that leaves no dead groups: the kernel's unmasked loads
+    div = max(d for d in range(1, per + 1) if groups % d == 0)
+    if 2 * div >= per:
+        per, split = div, groups // div
     return dict(BN=bn, groups_per_split=per, SPLIT=split, SWAP=False, UNROLL=unroll, PDL=True,
                 num_warps=4, num_stages=3)
 

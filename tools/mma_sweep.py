@@ -28,7 +28,8 @@ from pq2verify.bench.probe import read_probe  # noqa: E402
 # variants over the chooser's config: (label, fields); "split:P" re-cuts split-K for ~P programs
 VARIANTS = [("chooser", {}), ("no PDL", {"PDL": False}), ("SWAP", {"SWAP": True}),
             ("BN256", {"BN": 256}), ("warps8", {"num_warps": 8}), ("stages4", {"num_stages": 4}),
-            ("split:264", {}), ("split:528", {}), ("split:1056", {}), ("BN64 split:528", {"BN": 64})]
+            ("split:264", {}), ("split:528", {}), ("split:1056", {}), ("BN64 split:528", {"BN": 64}),
+            ("s6 split", {})]
 
 
 def split_for(n, k, bn, progs):
@@ -48,6 +49,11 @@ def variant(n, k, m, fields, lab):
     c = {**small_mma.config(n, k, m), **fields}
     if "split:" in lab:
         c["groups_per_split"], c["SPLIT"] = split_for(n, k, c["BN"], int(lab.split("split:")[1]))
+    if lab == "s6 split":   # the sixth session's rule: ~1024 programs, no cap on partial bytes
+        groups, want = k // 128, 1
+        while triton.cdiv(n, c["BN"]) * want < 1024 and groups // (2 * want) >= 4:
+            want *= 2
+        c["groups_per_split"], c["SPLIT"] = splitk.split_groups(groups, want, 1)
     return c
 
 
