@@ -99,6 +99,15 @@ def graph_time(thunks, reps=10, samples=5) -> float:
     return statistics.median(out)
 
 
+def stream_bw() -> float:
+    """Bytes/s of a streaming read of a 2 GB buffer (far past L2), printed with the clocks."""
+    buf = torch.randint(-2 ** 31, 2 ** 31 - 1, (2 * 10 ** 9 // 4,), dtype=torch.int32, device="cuda")
+    rd, _ = read_probe(buf)
+    bw = buf.numel() * 4 / graph_time([rd], reps=5)
+    print(f"streaming read {bw / 1e12:.3f} TB/s; clocks {clocks()}", flush=True)
+    return bw
+
+
 def run_path(name, x, w, out, config=None):
     if name.startswith("gemv"):
         return lambda: gemv.run(x, w, out=out, check=False, config=config)
@@ -109,11 +118,7 @@ def run_path(name, x, w, out, config=None):
 def main():
     dest = sys.argv[1] if len(sys.argv) > 1 else "sweep.json"
     torch.manual_seed(0)
-    bw_buf = torch.randint(-2 ** 31, 2 ** 31 - 1, (2 * 10 ** 9 // 4,), dtype=torch.int32, device="cuda")
-    rd, _ = read_probe(bw_buf)
-    bw = bw_buf.numel() * 4 / graph_time([rd], reps=5)
-    del bw_buf
-    print(f"streaming read {bw / 1e12:.3f} TB/s; clocks {clocks()}", flush=True)
+    bw = stream_bw()
     res = {"bw": bw, "clocks_start": clocks(), "shapes": {}, "step": {}}
     shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
     given = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None   # {"best": ..., "best_split1": ...}

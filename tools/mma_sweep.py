@@ -18,7 +18,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import clocks, graph_time, read_thunk  # noqa: E402  (tools/ is not a package)
+from decode_sweep import clocks, graph_time, read_thunk, stream_bw  # noqa: E402  (tools/ is not a package)
 
 from kernels import small_mma, splitk  # noqa: E402
 from pq2verify import inputs, registry  # noqa: E402
@@ -84,11 +84,7 @@ def main():
     args = ap.parse_args()
     t0 = time.time()
     torch.manual_seed(0)
-    bw_buf = torch.randint(-2 ** 31, 2 ** 31 - 1, (2 * 10 ** 9 // 4,), dtype=torch.int32, device="cuda")
-    rd, _ = read_probe(bw_buf)
-    bw = bw_buf.numel() * 4 / graph_time([rd], reps=5)
-    del bw_buf
-    print(f"streaming read {bw / 1e12:.3f} TB/s; clocks {clocks()}", flush=True)
+    bw = stream_bw()
     res = {"bw": bw, "clocks_start": clocks(), "m": args.m, "shapes": {}, "step": {}}
     old = old_kernel()
 
