@@ -25,7 +25,7 @@ def test_small_mma_loop_within_issue_budget(n, k, m):
     assert res["loops"], f"no loop in small_mma's SASS for N={n} K={k} M={m}: {res}"
     worst = max(res["loops"], key=lambda lp: lp["warp_instructions_per_byte"])
     assert worst["warp_instructions_per_byte"] <= BUDGET, (
-        f"small_mma's loop issues {worst['instructions']} instructions a group and thread = "
+        f"small_mma's loop issues {worst['instructions']} instructions a trip and thread = "
         f"{worst['warp_instructions_per_byte']:.3f} warp-instructions per weight byte > {BUDGET} at N={n} K={k} "
         f"M={m} ({res['config']}, {res['registers']} registers); reproduce: TRITON_INTERPRET=0 "
         f"python tools/sass_loop.py --n {n} --k {k} --m {m}")

@@ -26,10 +26,8 @@ from pq2verify.bench import plan  # noqa: E402
 from pq2verify.bench.probe import read_probe  # noqa: E402
 
 # variants over the chooser's config: (label, fields); "split:P" re-cuts split-K for ~P programs
-VARIANTS = [("chooser", {}), ("no PDL", {"PDL": False}), ("SWAP", {"SWAP": True}),
-            ("BN256", {"BN": 256}), ("warps8", {"num_warps": 8}), ("stages4", {"num_stages": 4}),
-            ("split:264", {}), ("split:528", {}), ("split:1056", {}), ("BN64 split:528", {"BN": 64}),
-            ("s6 split", {})]
+VARIANTS = [("chooser", {}), ("no PDL", {"PDL": False}), ("UNROLL1", {"UNROLL": 1}), ("stages2", {"num_stages": 2}),
+            ("stages4", {"num_stages": 4}), ("split:264", {}), ("split:528", {}), ("s6 split", {})]
 
 
 def split_for(n, k, bn, progs):
@@ -54,6 +52,8 @@ def variant(n, k, m, fields, lab):
         while triton.cdiv(n, c["BN"]) * want < 1024 and groups // (2 * want) >= 4:
             want *= 2
         c["groups_per_split"], c["SPLIT"] = splitk.split_groups(groups, want, 1)
+    if c["groups_per_split"] % c["UNROLL"]:
+        c["UNROLL"] = 1
     return c
 
 

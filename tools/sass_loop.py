@@ -35,8 +35,8 @@ def load(path):
     return mod
 
 
-def compile_loop(mod, n, k, m):
-    cfg = mod.config(n, k, m, interpret=False)
+def compile_loop(mod, n, k, m, force=None):
+    cfg = {**mod.config(n, k, m, interpret=False), **(force or {})}
     g = k // 128
     ints = dict(q_sm=k, xs_sm=g, t_sm=g, out_sm=n, out_sn=1, d_sm=0, d_sn=0, d_sg=0, M=m, N=n, G=g,
                 code_row=g * 32, code_group=32, code_off=0, scale_row=g, scale_group=1, scale_off=0)
@@ -56,8 +56,10 @@ def compile_loop(mod, n, k, m):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[a], consts[a] = "constexpr", want[a]
-    kern = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg.get("maxnreg"):
+        opts["maxnreg"] = cfg["maxnreg"]
+    kern = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
     with tempfile.TemporaryDirectory() as d:
         cubin = os.path.join(d, "small_mma.cubin")
         with open(cubin, "wb") as f:
@@ -87,8 +89,9 @@ def main():
     ap.add_argument("--m", type=int, default=16)
     ap.add_argument("--module", default=None, help="a small_mma.py to compile instead of kernels/small_mma.py")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    ap.add_argument("--config", type=json.loads, default=None, help='fields over the chooser\'s, e.g. \'{"UNROLL": 2}\'')
     a = ap.parse_args()
-    cfg, sass, regs = compile_loop(load(a.module), a.n, a.k, a.m)
+    cfg, sass, regs = compile_loop(load(a.module), a.n, a.k, a.m, a.config)
     out = []
     for lo, hi, ops in loops(sass):
         total = sum(ops.values())
@@ -99,7 +102,7 @@ def main():
         return
     print(f"config {cfg}; {regs} registers")
     for lp in out:
-        print(f"loop {lp['first']:#x}-{lp['last']:#x}: {lp['instructions']} instructions a group and thread, "
+        print(f"loop {lp['first']:#x}-{lp['last']:#x}: {lp['instructions']} instructions a trip ({cfg['UNROLL']} groups) and thread, "
               f"{lp['warp_instructions_per_byte']:.3f} warp-instructions per weight byte; "
               f"{dict(list(lp['ops'].items())[:12])}")
 
