@@ -10,8 +10,9 @@ is exactly int_gemv's sum (c-1)*q (the unsigned-codes trick, SPEC §4).
 Instructions per weight byte decide its speed (a decode call is issue-bound, not DRAM-bound):
 on CUDA a plane is one 32-bit shift and AND per four code bytes (common.code_plane; Triton's
 own byte ops took about three instructions a byte), and the MMA accumulator starts at -t[m, g]
-so no per-element subtraction follows. On the H200 this took the chained M = 16 step from
-9.17 to 6.75 ms with the same bits (results/h200/s7).
+so no per-element subtraction follows. On the H200 (results/h200/s7) the body alone gave the
+sixth session's bits 1.3-2.2x faster per shape; with the split-K cap below, the chained M = 16
+decode step went from 9.35 to 5.93 ms (the bench's 305 calls), 25% of the floor.
 
 Launch (CUDA, PDL in the config): the quantize kernel and this one are launched with
 programmatic dependent launch, as gemv is; this kernel waits for the quantize grid
