@@ -24,6 +24,7 @@ from kernels import small_mma, splitk  # noqa: E402
 from pq2verify import inputs, registry  # noqa: E402
 from pq2verify.bench import plan  # noqa: E402
 from pq2verify.bench.probe import read_probe  # noqa: E402
+from pq2verify.cli import positive_ints  # noqa: E402
 
 # variants over the chooser's config: (label, fields); "split:P" re-cuts split-K for ~P programs
 VARIANTS = [("chooser", {}), ("no PDL", {"PDL": False}), ("UNROLL1", {"UNROLL": 1}), ("stages2", {"num_stages": 2}),
@@ -79,7 +80,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dest", nargs="?", default="mma_sweep.json")
     ap.add_argument("--shapes", default=None)
-    ap.add_argument("--m", type=lambda v: [int(a) for a in v.split(",")], default=[4, 16])
+    ap.add_argument("--m", type=positive_ints, default=[4, 16], help="Ms of the per-shape sweep (default 4,16)")
     ap.add_argument("--only-step", default=None, help="JSON with {'best': {shape: config}}: skip the sweep")
     args = ap.parse_args()
     t0 = time.time()
