@@ -92,10 +92,11 @@ def _config(n: int, k: int, m_bucket: int, interpret: bool):
         # the interpreter pays per program: few, wide tiles
         return dict(BM=max(16, min(m_bucket, 128)), BN=max(16, min(triton.next_power_of_2(n), 256)), SWAP=False,
                     num_warps=4, num_stages=1)
-    # measured on the H200 (M = 512, 4096): 64 x 128 tiles, 4 warps, mma.sync beat the
-    # 128 x 128 wgmma tiles (the computed weight planes must pass through shared memory) and
-    # the swapped operand order
-    return dict(BM=64 if m_bucket >= 64 else 32, BN=128, SWAP=False, num_warps=4, num_stages=3)
+    # measured on the H200 (M = 512, 4096): 64 x 128 tiles, 4 warps beat 128 x 128 tiles. With
+    # the packed planes (common.code_plane) the swapped operand order (weights as the MMA's A
+    # operand) is 1.07-1.25x mmq on the large Bonsai shapes, but slower than unswapped on out
+    # (5120 x 6144) at M = 2048 (results/h200/s7/prefill-swap.log)
+    return dict(BM=64 if m_bucket >= 64 else 32, BN=128, SWAP=n * k >= 2 ** 26, num_warps=4, num_stages=3)
 
 
 def configs(interpret: bool) -> list[dict]:

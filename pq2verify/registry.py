@@ -161,8 +161,10 @@ PATHS: tuple[Path, ...] = (
     Path("mmq_planes", "kernels.mmq_planes", "tuned", 17, None, tol_reason=_OUT,
          bit_identical_to="mmq", dots_equal_to="mmq", counterpart="mmq",
          description="prefill: four masked-plane K=32 int8 dots per group, mmq's fold order",
-         deselected="H200 2026-11-30: 0.87-0.88x of mmq at M=2048 on all six Bonsai shapes "
-                    "(7 paired rounds, results/h200/bench.md)"),
+         deselected="H200 2026-12-01, packed planes and SWAP on the large shapes: 1.07-1.32x of mmq "
+                    "at M=512 and 1.01-1.11x at M=2048 on all six Bonsai shapes, bits equal to mmq "
+                    "(results/h200/s7/prefill-chooser.log); not yet measured at M=17-256, where mmq "
+                    "uses smaller tiles, so not selected (2026-11-30: 0.87x before the packed planes)"),
     Path("cublas", "kernels.cublas", "legacy", 1, None, weight="dense", layouts=("dense",),
          arithmetic="floating", reference="dense", has_dots=False, tol_reason=_OUT,
          library="cuBLAS (torch.matmul)",

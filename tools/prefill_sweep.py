@@ -1,0 +1,87 @@
+"""Prefill timing on a GPU (not part of the suite): per Bonsai shape at M = 512 and 2048, mmq
+(legacy), mmq_planes (its chooser's config and forced tiles) and cuBLAS BF16 on the same shape,
+each as one CUDA graph of calls on rotated weight copies, paired in one process; int8 Top/s and
+the ratio to cuBLAS. mmq_planes' bits are compared with mmq's (it claims bit identity). Writes
+JSON as it goes.
+
+    python tools/prefill_sweep.py $OUT/prefill.json [--m 512,2048] [--variants '[{"BM": 128, "num_warps": 8}]']
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from decode_sweep import clocks, graph_time  # noqa: E402  (tools/ is not a package)
+
+from kernels import cublas, mmq, mmq_planes  # noqa: E402
+from pq2verify import inputs  # noqa: E402
+from pq2verify.bench import plan  # noqa: E402
+from pq2verify.cli import positive_ints  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dest", nargs="?", default="prefill.json")
+    ap.add_argument("--m", type=positive_ints, default=[512, 2048])
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: the six PQ2 shapes)")
+    ap.add_argument("--variants", type=json.loads, default=[{"BM": 128, "BN": 128, "num_warps": 8}],
+                    help="mmq_planes config fields to force, a JSON list")
+    args = ap.parse_args()
+    t0 = time.time()
+    shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
+    if args.shapes:
+        shapes = {nm: shapes[nm] for nm in args.shapes.split(",")}
+    res = {"clocks_start": clocks(), "rows": []}
+    for name, sh in shapes.items():
+        n, k = sh.n, sh.k
+        copies = 2
+        ws = [inputs.ternary_weight(n, k, seed=i, device="cuda") for i in range(copies)]
+        ds = [inputs.dense_weight(n, k, seed=i, device="cuda") for i in range(copies)]
+        for m in args.m:
+            x = inputs.activations(m, k, seed=1, device="cuda")
+            outs = [torch.empty(m, n, dtype=x.dtype, device="cuda") for _ in ws]
+            ref = mmq.run(x, ws[0], check=False).clone()
+            conts = [("mmq", lambda w, o: (lambda: mmq.run(x, w, out=o, check=False)), True),
+                     ("mmq_planes", lambda w, o: (lambda: mmq_planes.run(x, w, out=o, check=False)), True)]
+            for v in args.variants:
+                conts.append((f"mmq_planes {json.dumps(v)}",
+                              lambda w, o, v=v: (lambda: mmq_planes.run(x, w, out=o, check=False, config=v)), True))
+            conts.append(("cublas", lambda w, o: (lambda: cublas.run(x, w, out=o, check=False)), False))
+            times = {}
+            for lab, make, pq2 in conts:
+                wl = ws if pq2 else ds
+                try:
+                    y = make(wl[0], outs[0])().clone()
+                    t = graph_time([make(w, o) for w, o in zip(wl, outs)], reps=5) / copies
+                except Exception as e:   # a config the compiler refuses: report, go on
+                    print(f"{name:8s} M={m:5d} {lab:40s} ERROR {repr(e)[:200]}", flush=True)
+                    continue
+                times[lab] = t
+                row = {"shape": name, "n": n, "k": k, "m": m, "path": lab, "us": t * 1e6,
+                       "tops": 2 * m * n * k / t / 1e12,
+                       "bits_equal_mmq": bool(torch.equal(y, ref)) if pq2 else None}
+                res["rows"].append(row)
+            base = times.get("cublas")
+            for row in res["rows"]:
+                if row["shape"] == name and row["m"] == m and base:
+                    row["x_cublas"] = base / (row["us"] / 1e6)
+                    print(f"{name:8s} M={m:5d} {row['path']:40s} {row['us']:9.1f} us {row['tops']:7.1f} Top/s "
+                          f"{row['x_cublas']:5.2f}x cuBLAS  bits=mmq {row['bits_equal_mmq']}  [{time.time() - t0:.0f}s]",
+                          flush=True)
+            del outs
+        del ws, ds
+        torch.cuda.empty_cache()
+        with open(args.dest, "w") as f:
+            json.dump(res, f, indent=1)
+    res["clocks_end"] = clocks()
+    with open(args.dest, "w") as f:
+        json.dump(res, f, indent=1)
+    print("clocks", res["clocks_end"])
+
+
+if __name__ == "__main__":
+    main()
