@@ -9,9 +9,8 @@ FP32 order: identical to mmq's for every output element: acc starts at 0.0 and e
 folded with common.scale_accumulate(acc, dot_g, xs [BM,1] fp32, ws [1,BN] fp32) for g strictly
 ascending over all groups (no split-K), then cast to x's dtype (prepare.to_out, as mmq). Tile
 sizes do not enter the per-element sequence, so they may differ from mmq's. The SWAP config
-(off by default: slower on the H200) computes the transposed tile, weights as the MMA's A
-operand, with xs [1,BM] / ws [BN,1]: the same per-element expression, and it too was
-bit-identical to mmq on the H200.
+(chosen for the large shapes) computes the transposed tile, weights as the MMA's A operand,
+with xs [1,BM] / ws [BN,1]: the same per-element expression, bit-identical to mmq on the H200.
 """
 import functools
 
