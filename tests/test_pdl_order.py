@@ -92,3 +92,8 @@ def test_real_pdl_kernels_touch_only_weights_before_the_wait():
                                        f"griddepcontrol.wait: {x['violations'][:3]}; reproduce: "
                                        f"TRITON_INTERPRET=0 python tools/sm90.py pdl")
     assert all(x["reads_of_weights"] for x in rep if x["kernel"].startswith("gemv"))
+    # every kernel file that launches with PDL is among those checked
+    launching = {f"kernels.{f.stem}" for f in (ROOT / "kernels").glob("*.py") if "launch_pdl=" in f.read_text()}
+    assert launching <= {x["module"] for x in rep}, (
+        f"kernel files launching with PDL but not checked: {sorted(launching - {x['module'] for x in rep})}; "
+        f"add them to tools/sm90.py PDL_KERNELS")

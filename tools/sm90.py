@@ -126,7 +126,7 @@ def pdl_report():
         kern, params = compile_sm90(fn, ptrs, ints, consts, warps, stages)
         values = set(params) - set(ptrs)
         entry = fn.__name__
-        out.append(dict(kernel=label, entry=entry,
+        out.append(dict(kernel=label, entry=entry, module=fn.__module__,
                         violations=ptx.before_wait(kern.asm["ptx"], entry, params, values | weights),
                         reads_of_weights=ptx.before_wait(kern.asm["ptx"], entry, params, values)))
     return out
