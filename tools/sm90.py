@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-PTRS = dict(q_ptr="*i8", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*u8", scales_ptr="*fp16", out_ptr="*bf16",
+SMALL_MMA_PTRS = dict(q_ptr="*i8", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*u8", scales_ptr="*fp16", out_ptr="*bf16",
             part_ptr="*fp32", count_ptr="*i32", dots_ptr="*i32")
 
 
@@ -75,7 +75,7 @@ def small_mma_launch(mod, n, k, m, force=None):
                   MASKED=not (n % cfg["BN"] == 0 and g % cfg["groups_per_split"] == 0), PDL=cfg.get("PDL", False))
     consts = {a: v for a, v in consts.items() if a in mod._small_mma_kernel.arg_names}
     opts = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}
-    return cfg, (mod._small_mma_kernel, PTRS, ints, consts, cfg["num_warps"], cfg["num_stages"]), opts
+    return cfg, (mod._small_mma_kernel, SMALL_MMA_PTRS, ints, consts, cfg["num_warps"], cfg["num_stages"]), opts
 
 
 def gemv_launch(n, k):
