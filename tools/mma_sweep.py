@@ -6,7 +6,8 @@ calls on rotated weight copies, beside a streaming read of the same bytes; then 
 257-projection step at M = 2, 4, 8, 16 with the chooser's configs, the per-shape best, and the
 speed-of-light reads (plain and PDL). Writes JSON as it goes.
 
-    python tools/mma_sweep.py $OUT/mma_sweep.json [--shapes gate_up,down] [--only-step best.json]
+    git show REV:kernels/small_mma.py > old_small_mma.py
+    python tools/mma_sweep.py $OUT/mma_sweep.json [--old old_small_mma.py] [--shapes gate_up,down] [--m 4,16]
 """
 import argparse
 import json
@@ -66,14 +67,13 @@ def mma(x, w, out, cfg):
     return lambda: small_mma.run(x, w, out=out, check=False, config=cfg)
 
 
-def old_kernel():
-    """The previous session's small_mma (carried beside the tree), timed in the same process."""
-    try:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".carry", "s7"))
-        import old_small_mma
-        return old_small_mma
-    except ImportError:
+def old_kernel(path):
+    """Another version of kernels/small_mma.py (e.g. `git show REV:kernels/small_mma.py`), timed
+    in the same process as the current one; None without --old."""
+    if path is None:
         return None
+    from sm90 import load
+    return load(path)
 
 
 def main():
@@ -82,12 +82,13 @@ def main():
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--m", type=positive_ints, default=[4, 16], help="Ms of the per-shape sweep (default 4,16)")
     ap.add_argument("--only-step", default=None, help="JSON with {'best': {shape: config}}: skip the sweep")
+    ap.add_argument("--old", default=None, help="a previous kernels/small_mma.py to time beside the current one")
     args = ap.parse_args()
     t0 = time.time()
     torch.manual_seed(0)
     bw = stream_bw()
     res = {"bw": bw, "clocks_start": clocks(), "m": args.m, "shapes": {}, "step": {}}
-    old = old_kernel()
+    old = old_kernel(args.old)
 
     def save():
         with open(args.dest, "w") as f:

@@ -31,10 +31,13 @@ SMALL_MMA_PTRS = dict(q_ptr="*i8", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*u8"
 
 
 def load(path):
+    """kernels.small_mma, or another version of that file (e.g. `git show REV:kernels/small_mma.py`)
+    loaded as a module of the kernels package, so its relative imports resolve."""
     if path is None:
         from kernels import small_mma
         return small_mma
-    spec = importlib.util.spec_from_file_location("small_mma_under_test", path)
+    import kernels  # noqa: F401  (the package its relative imports name)
+    spec = importlib.util.spec_from_file_location("kernels.small_mma_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
