@@ -4,6 +4,7 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -42,6 +43,13 @@ def _ints_at_least(lo: int):
 # comma-separated lists of them (e.g. --m 1,17, --positions 0,32)
 positive_ints = _ints_at_least(1)
 nonneg_ints = _ints_at_least(0)
+
+
+def existing_file(path: str) -> str:
+    """argparse type: a path that is a file."""
+    if not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {path!r}")
+    return path
 
 
 def check_writable(path, option: str, *, directory: bool = False, make_parents: bool = False) -> None:

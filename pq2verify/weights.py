@@ -232,10 +232,15 @@ class PQ2Weight:
     @property
     def strides(self) -> dict:
         """Byte strides of code bytes and half strides of scales, for both layouts."""
-        g = self.groups
-        if self.layout == "raw":
-            rs = g * BLOCK_BYTES
-            return dict(code_row=rs, code_group=BLOCK_BYTES, code_off=2,
-                        scale_row=rs // 2, scale_group=BLOCK_BYTES // 2, scale_off=0)
-        return dict(code_row=self.k // 4, code_group=32, code_off=0,
-                    scale_row=g, scale_group=1, scale_off=self.n * self.k // 8)
+        return layout_strides(self.n, self.k, self.layout)
+
+
+def layout_strides(n: int, k: int, layout: str) -> dict:
+    """PQ2Weight.strides of an N x K weight in `layout` without building one (tools that
+    compile kernels for a shape need the kernel arguments' values only)."""
+    g = k // BLOCK
+    if layout == "raw":
+        rs = g * BLOCK_BYTES
+        return dict(code_row=rs, code_group=BLOCK_BYTES, code_off=2,
+                    scale_row=rs // 2, scale_group=BLOCK_BYTES // 2, scale_off=0)
+    return dict(code_row=k // 4, code_group=32, code_off=0, scale_row=g, scale_group=1, scale_off=n * k // 8)

@@ -6,6 +6,7 @@ Prints tables and writes JSON to argv[1] (default sweep.json).
 
     python tools/decode_sweep.py $OUT/sweep.json
 """
+import argparse
 import json
 import statistics
 import subprocess
@@ -97,6 +98,17 @@ def graph_time(thunks, reps=10, samples=5) -> float:
         out.append(a.elapsed_time(b) / 1e3 / reps)
     del g
     return statistics.median(out)
+
+
+def pq2_shape_names(spec: str) -> list:
+    """argparse type: comma-separated names of the decode step's PQ2 shapes (gate_up, down, ...),
+    refused with the known names otherwise."""
+    known = [nm for nm, sh in plan.step_shapes().items() if not sh.dense]
+    names = [v.strip() for v in spec.split(",") if v.strip()]
+    bad = [v for v in names if v not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown shape {bad or 'none'}; expected names from {', '.join(known)}")
+    return names
 
 
 def stream_bw() -> float:

@@ -19,13 +19,13 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import clocks, graph_time, read_thunk, stream_bw  # noqa: E402  (tools/ is not a package)
+from decode_sweep import clocks, graph_time, pq2_shape_names, read_thunk, stream_bw  # noqa: E402  (tools/ is not a package)
 
 from kernels import small_mma, splitk  # noqa: E402
 from pq2verify import inputs, registry  # noqa: E402
 from pq2verify.bench import plan  # noqa: E402
 from pq2verify.bench.probe import read_probe  # noqa: E402
-from pq2verify.cli import positive_ints  # noqa: E402
+from pq2verify.cli import existing_file, positive_ints  # noqa: E402
 
 # variants over the chooser's config: (label, fields); "split:P" re-cuts split-K for ~P programs
 VARIANTS = [("chooser", {}), ("no PDL", {"PDL": False}), ("UNROLL1", {"UNROLL": 1}), ("stages2", {"num_stages": 2}),
@@ -79,10 +79,12 @@ def old_kernel(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dest", nargs="?", default="mma_sweep.json")
-    ap.add_argument("--shapes", default=None)
+    ap.add_argument("--shapes", type=pq2_shape_names, default=None, help="PQ2 shape names (default: all six)")
     ap.add_argument("--m", type=positive_ints, default=[4, 16], help="Ms of the per-shape sweep (default 4,16)")
-    ap.add_argument("--only-step", default=None, help="JSON with {'best': {shape: config}}: skip the sweep")
-    ap.add_argument("--old", default=None, help="a previous kernels/small_mma.py to time beside the current one")
+    ap.add_argument("--only-step", type=existing_file, default=None,
+                    help="JSON with {'best': {shape: config}}: skip the sweep")
+    ap.add_argument("--old", type=existing_file, default=None,
+                    help="a previous kernels/small_mma.py to time beside the current one")
     args = ap.parse_args()
     t0 = time.time()
     torch.manual_seed(0)
@@ -96,7 +98,7 @@ def main():
     shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
     sweep = {} if args.only_step else shapes
     if args.shapes:
-        sweep = {nm: shapes[nm] for nm in args.shapes.split(",")}
+        sweep = {nm: shapes[nm] for nm in args.shapes}
     best = {}
     for name, sh in sweep.items():
         n, k = sh.n, sh.k

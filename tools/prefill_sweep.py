@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import clocks, graph_time  # noqa: E402  (tools/ is not a package)
+from decode_sweep import clocks, graph_time, pq2_shape_names  # noqa: E402  (tools/ is not a package)
 
 from kernels import cublas, mmq, mmq_planes  # noqa: E402
 from pq2verify import inputs  # noqa: E402
@@ -23,18 +23,35 @@ from pq2verify.bench import plan  # noqa: E402
 from pq2verify.cli import positive_ints  # noqa: E402
 
 
+def variants(spec: str) -> list:
+    """argparse type: a JSON list of mmq_planes config objects, each checked field by field
+    (pq2verify.tiles) before any GPU work."""
+    try:
+        v = json.loads(spec)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(v, list) or not all(isinstance(c, dict) for c in v):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of objects, got {spec!r}")
+    for c in v:
+        try:
+            mmq_planes.fold(4096, 4096, 2048, interpret=False, config=c)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return v
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dest", nargs="?", default="prefill.json")
     ap.add_argument("--m", type=positive_ints, default=[512, 2048])
-    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: the six PQ2 shapes)")
-    ap.add_argument("--variants", type=json.loads, default=[{"BM": 128, "BN": 128, "num_warps": 8}],
-                    help="mmq_planes config fields to force, a JSON list")
+    ap.add_argument("--shapes", type=pq2_shape_names, default=None, help="PQ2 shape names (default: all six)")
+    ap.add_argument("--variants", type=variants, default=[{"BM": 128, "BN": 128, "num_warps": 8}],
+                    help="mmq_planes config fields to force, a JSON list of objects")
     args = ap.parse_args()
     t0 = time.time()
     shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
     if args.shapes:
-        shapes = {nm: shapes[nm] for nm in args.shapes.split(",")}
+        shapes = {nm: shapes[nm] for nm in args.shapes}
     res = {"clocks_start": clocks(), "rows": []}
     for name, sh in shapes.items():
         n, k = sh.n, sh.k

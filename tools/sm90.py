@@ -25,6 +25,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from pq2verify.cli import existing_file, positive_int
+from pq2verify.weights import layout_strides
+
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SMALL_MMA_PTRS = dict(q_ptr="*i8", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*u8", scales_ptr="*fp16", out_ptr="*bf16",
             part_ptr="*fp32", count_ptr="*i32", dots_ptr="*i32")
@@ -72,7 +75,7 @@ def small_mma_launch(mod, n, k, m, force=None):
     cfg = {**mod.config(n, k, m, interpret=False), **(force or {})}
     g = k // 128
     ints = dict(q_sm=k, xs_sm=g, t_sm=g, out_sm=n, out_sn=1, d_sm=0, d_sn=0, d_sg=0, M=m, N=n, G=g,
-                code_row=g * 32, code_group=32, code_off=0, scale_row=g, scale_group=1, scale_off=0)
+                **layout_strides(n, k, "prepared"))
     consts = dict(BM=16, BN=cfg["BN"], PER=cfg["groups_per_split"], SPLIT=cfg["SPLIT"], SWAP=cfg["SWAP"],
                   UNROLL=cfg["UNROLL"], PREPARED=True, WRITE_DOTS=False, INTERP=False,
                   MASKED=not (n % cfg["BN"] == 0 and g % cfg["groups_per_split"] == 0), PDL=cfg.get("PDL", False))
@@ -88,8 +91,7 @@ def gemv_launch(n, k):
     g, per, gc = k // 128, c["groups_per_split"], c["GC"]
     ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32", scales_ptr="*fp16", out_ptr="*bf16",
                 part_ptr="*fp32", count_ptr="*i32", dots_ptr="*i32")
-    ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, code_row=g * 32, code_group=32, code_off=0, scale_row=g,
-                scale_group=1, scale_off=0, per=per)
+    ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, per=per, **layout_strides(n, k, "prepared"))
     consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), SPLIT=c["SPLIT"],
                   MASKED=not (n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=True,
                   WRITE_DOTS=False, PDL=True, INTERP=False)
@@ -165,10 +167,11 @@ def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     lp = sub.add_parser("loop", help="small_mma's loop: instructions per weight byte")
-    lp.add_argument("--n", type=int, default=34816)
-    lp.add_argument("--k", type=int, default=5120)
-    lp.add_argument("--m", type=int, default=16)
-    lp.add_argument("--module", default=None, help="a small_mma.py to compile instead of kernels/small_mma.py")
+    lp.add_argument("--n", type=positive_int, default=34816)
+    lp.add_argument("--k", type=positive_int, default=5120, help="a multiple of 128")
+    lp.add_argument("--m", type=positive_int, default=16, help="1-16")
+    lp.add_argument("--module", type=existing_file, default=None,
+                    help="a small_mma.py to compile instead of kernels/small_mma.py")
     lp.add_argument("--config", type=json.loads, default=None, help='fields over the chooser\'s, e.g. \'{"UNROLL": 2}\'')
     lp.add_argument("--json", action="store_true", help="one JSON object instead of text")
     pp = sub.add_parser("pdl", help="the PDL kernels: nothing but weights touched before griddepcontrol.wait")
@@ -185,7 +188,19 @@ def main():
             for v in r["violations"]:
                 print("   ", v)
         return
-    cfg, sass, regs = compile_loop(load(a.module), a.n, a.k, a.m, a.config)
+    if a.k % 128:
+        ap.error(f"argument --k: expected a multiple of 128 (a Q8 group), got {a.k}")
+    if a.m > 16:
+        ap.error(f"argument --m: small_mma serves M 1-16, got {a.m}")
+    mod = load(a.module)
+    if a.config is not None:
+        if not isinstance(a.config, dict):
+            ap.error(f"argument --config: expected a JSON object, got {a.config!r}")
+        try:
+            mod.fold(a.n, a.k, a.m, interpret=False, config=a.config)    # each field checked (pq2verify.tiles)
+        except ValueError as e:
+            ap.error(f"argument --config: {e}")
+    cfg, sass, regs = compile_loop(mod, a.n, a.k, a.m, a.config)
     out = []
     for lo, hi, ops in loops(sass):
         total = sum(ops.values())

@@ -1,0 +1,40 @@
+"""The GPU tuning tools and the sm_90 compile tool refuse impossible options with exit 2 and a
+message naming the option, before any GPU or compile work (run here on the CPU)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def _main(name):
+    spec = importlib.util.spec_from_file_location(f"{name}_tool", TOOLS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.mark.parametrize("tool,argv,msg", [
+    ("mma_sweep", ["--m", "0"], "argument --m: expected an integer >= 1"),
+    ("mma_sweep", ["--shapes", "gate_up,bogus"], "unknown shape ['bogus']"),
+    ("mma_sweep", ["--shapes", "in_proj_ba"], "unknown shape ['in_proj_ba']"),     # dense: not a PQ2 shape
+    ("mma_sweep", ["--old", "no/such/small_mma.py"], "argument --old: no such file"),
+    ("prefill_sweep", ["--m", "512,-1"], "argument --m: expected an integer >= 1"),
+    ("prefill_sweep", ["--shapes", ","], "unknown shape none"),
+    ("prefill_sweep", ["--variants", '[{"BM": 3}]'], "BM=3"),
+    ("prefill_sweep", ["--variants", '{"BM": 64}'], "expected a JSON list of objects"),
+    ("sm90", ["loop", "--k", "100"], "argument --k: expected a multiple of 128"),
+    ("sm90", ["loop", "--m", "17"], "argument --m: small_mma serves M 1-16"),
+    ("sm90", ["loop", "--n", "0"], "argument --n: expected an integer >= 1"),
+    ("sm90", ["loop", "--config", '{"SPLIT": 0}'], "argument --config: small_mma: config field SPLIT=0"),
+    ("sm90", ["loop", "--module", "no/such.py"], "argument --module: no such file"),
+    ("sm90", ["bogus"], "invalid choice: 'bogus'"),
+])
+def test_refuses_impossible_options(tool, argv, msg, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [f"{tool}.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        _main(tool)()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err, err
