@@ -31,6 +31,13 @@ def _main(name):
     ("sm90", ["loop", "--config", '{"SPLIT": 0}'], "argument --config: small_mma: config field SPLIT=0"),
     ("sm90", ["loop", "--module", "no/such.py"], "argument --module: no such file"),
     ("sm90", ["bogus"], "invalid choice: 'bogus'"),
+    ("step_ab", ["--variants", "nope"], "argument --variants: not JSON"),
+    ("step_ab", ["--variants", "{}"], "argument --variants: expected {label: {field: value}}"),
+    ("step_ab", ["--variants", '{"a": {"BOGUS": 1}}'], "variant 'a' at M=1: gemv: config field 'BOGUS' unknown"),
+    ("step_ab", ["--variants", '{"a": {"UNROLL": 2}}', "--m", "4"], "small_mma: config field groups_per_split=5: not a multiple of UNROLL=2"),
+    ("step_ab", ["--variants", '{"a": {}}', "--m", "17"], "argument --m: decode Ms are 1-16"),
+    ("step_ab", ["--variants", '{"a": {}}', "--shapes", "bogus"], "unknown shape ['bogus']"),
+    ("step_ab", ["--variants", '{"a": {}}', "--rounds", "0"], "argument --rounds: expected an integer >= 1"),
 ])
 def test_refuses_impossible_options(tool, argv, msg, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [f"{tool}.py", *argv])

@@ -1,0 +1,227 @@
+"""Config A/B of the tuned decode paths on a GPU (tuning, not a gate: the bench measures what is
+chosen). Variants are config fields forced over the chooser's (gemv at M = 1, small_mma at
+M = 2..16), timed in one process, in alternating rounds, as CUDA graphs:
+
+- the chained step: the 257 PQ2 projections in model order, each on its own weight, each
+  reading the previous one's output (quantize kernels included);
+- per shape (with --shapes): calls on rotated weight copies; with --sol beside the bench's
+  speed-of-light reads of the same bytes (pq2verify.bench.sol, plain and PDL), so each shape's
+  gap to a pure read with the same launch structure is measured in the same rounds.
+
+Each variant's outputs are compared with the first variant's bit for bit (a variant that only
+changes scheduling, e.g. L2_GROUPS, must give the same bits). Ratios are per round, against
+the first variant: median [min-max]. Writes JSON as it goes.
+
+    python tools/step_ab.py $OUT/ab.json --m 1,2,16 --shapes gate_up,out --sol \
+        --variants '{"chooser": {}, "stages4": {"num_stages": 4}}'
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from decode_sweep import clocks, pq2_shape_names, stream_bw  # noqa: E402  (tools/ is not a package)
+
+from kernels import gemv, small_mma  # noqa: E402
+from pq2verify import inputs  # noqa: E402
+from pq2verify.bench import plan  # noqa: E402
+from pq2verify.bench.contestants import scaled_clone, weight_bytes  # noqa: E402
+from pq2verify.bench.step import gain_log2  # noqa: E402
+from pq2verify.bench.sol import read_call  # noqa: E402
+from pq2verify.cli import positive_int, positive_ints  # noqa: E402
+
+
+def path_of(m):
+    return gemv if m == 1 else small_mma
+
+
+def variants_arg(text: str) -> dict:
+    """argparse type: a JSON object {label: {field: value}}, at least one label."""
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(v, dict) or not v or not all(isinstance(f, dict) for f in v.values()):
+        raise argparse.ArgumentTypeError(f"expected {{label: {{field: value}}}}, got {text!r}")
+    return v
+
+
+def variant_errors(variants: dict, ms: list) -> list:
+    """Why a variant cannot run: a field unknown to the path of some M, or out of its rule
+    (pq2verify.tiles checks each one)."""
+    bad = []
+    for lab, fields in variants.items():
+        for m in ms:
+            try:
+                path_of(m).fold(5120, 5120, m, interpret=False, config=fields)
+            except ValueError as e:
+                bad.append(f"variant {lab!r} at M={m}: {e}")
+    return bad
+
+
+def call(x, w, out, m, fields):
+    mod = path_of(m)
+    cfg = {**mod.config(w.n, w.k, m, interpret=False), **fields}
+    return lambda: mod.run(x, w, out=out, check=False, config=cfg)
+
+
+def capture(thunks):
+    """A CUDA graph of thunks (run once eagerly on a side stream first, as torch asks)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for t in thunks:
+            t()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for t in thunks:
+            t()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def replay_s(g, reps):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3 / reps
+
+
+def alternate(graphs: dict, rounds: int, reps: int, per: int = 1) -> dict:
+    """{label: [seconds per pass]} over rounds, labels alternating inside each round; a pass
+    is `per` calls (seconds are divided by it)."""
+    out = {lab: [] for lab in graphs}
+    for _ in range(rounds):
+        for lab, g in graphs.items():
+            out[lab].append(replay_s(g, reps) / per)
+    return out
+
+
+def summary(times: dict) -> dict:
+    first = next(iter(times))
+    res = {}
+    for lab, ts in times.items():
+        ratios = [a / b for a, b in zip(times[first], ts)]
+        res[lab] = {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
+                    "speedup_vs_first": statistics.median(ratios), "speedup_range": [min(ratios), max(ratios)]}
+    return res
+
+
+def line(what, lab, s, unit, scale, extra=""):
+    return (f"{what:22s} {lab:12s} {s['median_s'] * scale:9.3f} {unit} [{s['min_s'] * scale:.3f}-{s['max_s'] * scale:.3f}]"
+            f"  x{s['speedup_vs_first']:.3f} [{s['speedup_range'][0]:.3f}-{s['speedup_range'][1]:.3f}] {extra}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dest", nargs="?", default="step_ab.json")
+    ap.add_argument("--m", type=positive_ints, default=[1, 2, 16], help="Ms (1: gemv; 2-16: small_mma)")
+    ap.add_argument("--variants", type=variants_arg, required=True,
+                    help='JSON {label: {field: value}} over the chooser\'s config; the first is the baseline')
+    ap.add_argument("--shapes", type=pq2_shape_names, default=None, help="also time these shapes alone")
+    ap.add_argument("--rounds", type=positive_int, default=7)
+    ap.add_argument("--no-step", action="store_true", help="only the per-shape timings")
+    ap.add_argument("--reps", type=positive_int, default=10, help="graph replays per sample of a shape")
+    ap.add_argument("--sol", action="store_true",
+                    help="per shape, also the bench's speed-of-light reads of the same bytes (plain and PDL)")
+    args = ap.parse_args()
+    if any(m > 16 for m in args.m):
+        ap.error(f"argument --m: decode Ms are 1-16, got {args.m}")
+    bad = variant_errors(args.variants, args.m)
+    if bad:
+        ap.error("argument --variants: " + "; ".join(bad))
+    t0 = time.time()
+    bw = stream_bw()
+    res = {"bw": bw, "clocks_start": clocks(), "variants": args.variants, "step": {}, "shapes": {}}
+
+    def save():
+        with open(args.dest, "w") as f:
+            json.dump(res, f, indent=1)
+    shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
+    for name in args.shapes or []:
+        sh = shapes[name]
+        nbytes = sh.n * sh.k // 4 + sh.n * (sh.k // 128) * 2
+        copies = max(2, min(12, int(400e6 // nbytes) + 1))
+        ws = [inputs.ternary_weight(sh.n, sh.k, seed=i, device="cuda") for i in range(copies)]
+        for m in args.m:
+            x = inputs.activations(m, sh.k, seed=1, device="cuda")
+            graphs, outs, keep = {}, {}, []
+            for lab, fields in args.variants.items():
+                o = [torch.empty(m, sh.n, dtype=x.dtype, device="cuda") for _ in ws]
+                keep.append(o)      # a graph writes these on every replay: alive while it is
+                graphs[lab] = capture([call(x, w, oo, m, fields) for w, oo in zip(ws, o)])
+                outs[lab] = o[0]
+            if args.sol:
+                for lab, pdl in (("SOL read", False), ("SOL read+PDL", True)):
+                    graphs[lab] = capture([read_call(weight_bytes(w), pdl)[0] for w in ws])
+            first = next(iter(outs))
+            s = summary(alternate(graphs, args.rounds, args.reps, copies))
+            for lab in s:
+                s[lab]["bits_equal_first"] = (bool(torch.equal(outs[lab].view(torch.int16), outs[first].view(torch.int16)))
+                                              if lab in outs else None)
+                s[lab]["gbs"] = nbytes / s[lab]["median_s"] / 1e9
+                s[lab]["floor_frac"] = nbytes / s[lab]["median_s"] / bw
+                print(line(f"{name} M={m}", lab, s[lab], "us", 1e6,
+                           f"{s[lab]['gbs']:6.0f} GB/s {s[lab]['floor_frac']:6.1%} of floor "
+                           f"=first {s[lab]['bits_equal_first']} [{time.time() - t0:.0f}s]"), flush=True)
+            res["shapes"][f"{name} M={m}"] = s
+            save()
+            del graphs, outs, keep
+        del ws
+        torch.cuda.empty_cache()
+    if args.no_step:
+        return
+    order = plan.step_order()
+    # each weight scaled by 2^e (fp16 scales, exact) so the chained values stay near unit RMS,
+    # as in the bench's step (pq2verify.bench.step): no inf or NaN along 257 projections
+    step_w, level = [], 0.0
+    for i, nm in enumerate(order):
+        w = inputs.ternary_weight(shapes[nm].n, shapes[nm].k, seed=1000 + i, device="cuda")
+        level += gain_log2(w)
+        e = -round(level)
+        level += e
+        step_w.append(scaled_clone(w, e))
+        del w
+    total = sum(w.nbytes for w in step_w)
+    res["step_bytes"] = total
+    for m in args.m:
+        graphs, last, keep = {}, {}, []
+        for lab, fields in args.variants.items():
+            th, prev = [], inputs.activations(m, 5120, seed=7, device="cuda")
+            for w in step_w:
+                o = torch.empty(m, w.n, dtype=torch.bfloat16, device="cuda")
+                th.append(call(prev.reshape(-1)[:m * w.k].view(m, w.k), w, o, m, fields))
+                prev = o
+            keep.append(th)     # the thunks hold the graph's inputs and outputs alive
+            graphs[lab] = capture(th)
+            last[lab] = prev
+        first = next(iter(last))
+        s = summary(alternate(graphs, args.rounds, 5))
+        for lab in s:
+            s[lab]["bits_equal_first"] = bool(torch.equal(last[lab].view(torch.int16), last[first].view(torch.int16)))
+            s[lab]["last_rms"] = float(last[lab].float().pow(2).mean().sqrt())
+            s[lab]["floor_frac"] = total / s[lab]["median_s"] / bw
+            print(line(f"step M={m}", lab, s[lab], "ms", 1e3,
+                       f"{s[lab]['floor_frac']:6.1%} of floor {total / bw * 1e3:.3f} ms =first {s[lab]['bits_equal_first']} "
+                       f"[{time.time() - t0:.0f}s]"), flush=True)
+        res["step"][f"M={m}"] = s
+        save()
+        del graphs, last, keep
+    res["clocks_end"] = clocks()
+    save()
+    print("clocks", res["clocks_start"], "->", res["clocks_end"])
+
+
+if __name__ == "__main__":
+    main()
