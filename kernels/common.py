@@ -98,24 +98,3 @@ def lane_tree(lanes, BN: tl.constexpr, GC: tl.constexpr, LOG_GC: tl.constexpr):
         lo, hi = tl.split(tl.reshape(y, (BN, GC >> (r + 1), 2)))
         y = lo + hi
     return tl.reshape(y, (BN,))
-
-
-@triton.jit
-def prefetch_l2(ptr, nbytes, INTERP: tl.constexpr):
-    """Ask L2 for nbytes (a multiple of 16, ptr 16-byte aligned) at each address of ptr: one
-    cp.async.bulk.prefetch.L2 (sm_90) per element, no registers held for the data and nothing
-    waited for. A PDL kernel uses it for constant weights while the previous grid drains, so
-    DRAM stays busy across the kernel boundary; a hint, it changes no value. The interpreter
-    has no L2: nothing there."""
-    if not INTERP:
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                  [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_line(ptr, INTERP: tl.constexpr):
-    """Ask L2 for the 128-byte line holding each address of ptr (prefetch.global.L2); as
-    prefetch_l2, a hint that changes no value, and nothing under the interpreter."""
-    if not INTERP:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr],
-                                  dtype=tl.int32, is_pure=False, pack=1)

@@ -77,7 +77,7 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
                  dots_ptr, d_sn, d_sg,
                  N, G, code_row, code_group, code_off, scale_row, scale_group, scale_off, per,
                  BN: tl.constexpr, GC: tl.constexpr, LOG_GC: tl.constexpr, CHUNKS: tl.constexpr,
-                 SPLIT: tl.constexpr, L2_GROUPS: tl.constexpr, MASKED: tl.constexpr, PREPARED: tl.constexpr,
+                 SPLIT: tl.constexpr, MASKED: tl.constexpr, PREPARED: tl.constexpr,
                  WRITE_DOTS: tl.constexpr, PDL: tl.constexpr, INTERP: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -93,13 +93,6 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
     # (PDL), so they are in flight while it drains
     w_next, ws_next = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, g_end, G, code_row, code_group,
                              code_off, scale_row, scale_group, scale_off, GC, PREPARED, MASKED)
-    if PREPARED and L2_GROUPS > 0:
-        # the next L2_GROUPS groups of each row (contiguous in the prepared layout) and its
-        # first scale line asked of L2 too: DRAM stays busy while the previous grids drain
-        r = tl.minimum(rn, N - 1)
-        nb = (tl.minimum(g_begin + L2_GROUPS, g_end) - g_begin) * 32
-        common.prefetch_l2(codes_ptr + r * (G * 8) + g_begin * 8, tl.full([BN], 0, tl.int32) + nb, INTERP)
-        common.prefetch_line(scales_ptr + scale_off + r * scale_row + g_begin * scale_group, INTERP)
     if PDL:
         tl.extra.cuda.gdc_wait()
     lanes = tl.zeros([BN, GC], dtype=tl.float32)
@@ -147,7 +140,7 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
 
 
 FIELDS = {"BN": tiles.pow2(1), "GC": tiles.pow2(1), "groups_per_split": tiles.integer(1),
-          "SPLIT": tiles.integer(1), "L2_GROUPS": tiles.integer(0), "PDL": tiles.flag, "num_warps": tiles.WARPS}
+          "SPLIT": tiles.integer(1), "PDL": tiles.flag, "num_warps": tiles.WARPS}
 
 
 def config(n: int, k: int, m: int = 1, interpret: bool | None = None) -> dict:
@@ -192,7 +185,7 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
             split *= 2
     per = triton.cdiv(groups, split)
     return (("BN", bn), ("GC", gc), ("groups_per_split", per), ("SPLIT", triton.cdiv(groups, per)),
-            ("L2_GROUPS", 0), ("PDL", True), ("num_warps", warps))
+            ("PDL", True), ("num_warps", warps))
 
 
 def _resolve(n, k, interpret, cfg) -> dict:
@@ -244,7 +237,6 @@ def launch(q, xs, t, w, out, cfg, *, pdl, count, dots=None):
         n, g, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"], per,
         BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=triton.cdiv(per, gc), SPLIT=split,
-        L2_GROUPS=min(cfg["L2_GROUPS"], per),
         MASKED=not (prepared and n % bn == 0 and per % gc == 0 and g % per == 0),
         PREPARED=prepared, WRITE_DOTS=write_dots, PDL=pdl, INTERP=common.INTERPRET,
         num_warps=cfg["num_warps"], num_stages=1, launch_pdl=pdl)

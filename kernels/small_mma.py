@@ -104,7 +104,7 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
                       M, N, G, code_row, code_group, code_off,
                       scale_row, scale_group, scale_off,
                       BM: tl.constexpr, BN: tl.constexpr, PER: tl.constexpr, SPLIT: tl.constexpr,
-                      SWAP: tl.constexpr, UNROLL: tl.constexpr, L2_GROUPS: tl.constexpr,
+                      SWAP: tl.constexpr, UNROLL: tl.constexpr,
                       PREPARED: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr,
                       WRITE_DOTS: tl.constexpr, INTERP: tl.constexpr):
     if PDL:
@@ -129,14 +129,6 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
         nn = n_ok[None, :]
         m_off = rm[:, None]
         n_off = rn[None, :]
-    if PREPARED and L2_GROUPS > 0:
-        # the first L2_GROUPS groups of each row's codes (contiguous in the prepared layout) and
-        # its first scale line, asked of L2 before the wait: constants, streamed in while the
-        # previous grids drain; the loop's loads then find them there
-        r = tl.minimum(rn, N - 1)
-        nb = (tl.minimum(g_begin + L2_GROUPS, G) - g_begin) * 32
-        common.prefetch_l2(codes_ptr + r * (G * 32) + g_begin * 32, tl.full([BN], 0, tl.int32) + nb, INTERP)
-        common.prefetch_line(scales_ptr + scale_off + r * scale_row + g_begin * scale_group, INTERP)
     if PDL:
         # launched with programmatic dependent launch after this call's quantize kernel, which
         # writes what this kernel reads; the pipeliner's first code loads come after this wait
@@ -176,7 +168,7 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
 # A forced config (run/fold config=) is checked field by field (pq2verify.tiles); its splits
 # must cover the groups with none empty, and groups per split be a multiple of UNROLL.
 FIELDS = {"BN": tiles.pow2(16), "groups_per_split": tiles.integer(1), "SPLIT": tiles.integer(1),
-          "SWAP": tiles.flag, "UNROLL": tiles.integer(1), "L2_GROUPS": tiles.integer(0), "PDL": tiles.flag,
+          "SWAP": tiles.flag, "UNROLL": tiles.integer(1), "PDL": tiles.flag,
           "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
 
 
@@ -198,7 +190,7 @@ def _config(m_bucket: int, n: int, k: int, interpret: bool):
         # body with a dead tail group when G is odd) to exercise them
         per, split = splitk.split_groups(groups, 2, 2)
         return dict(BN=min(256, max(16, triton.next_power_of_2(n))), groups_per_split=per, SPLIT=split, SWAP=False,
-                    UNROLL=2, L2_GROUPS=0, PDL=False, num_warps=4, num_stages=1)
+                    UNROLL=2, PDL=False, num_warps=4, num_stages=1)
     bn, unroll = 128, 1
     tiles_n = triton.cdiv(n, bn)
     want = 1
@@ -215,7 +207,7 @@ def _config(m_bucket: int, n: int, k: int, interpret: bool):
         per, split = div, groups // div
     # UNROLL = 2 compiles to 13% fewer instructions a byte but ran slower on the H200 (gate_up
     # at M = 16: 36.7 us against 33.9; 98 registers against 91; results/h200/s7 run 8)
-    return dict(BN=bn, groups_per_split=per, SPLIT=split, SWAP=False, UNROLL=unroll, L2_GROUPS=0, PDL=True,
+    return dict(BN=bn, groups_per_split=per, SPLIT=split, SWAP=False, UNROLL=unroll, PDL=True,
                 num_warps=4, num_stages=3)
 
 
@@ -270,7 +262,7 @@ def run(x, w, *, out=None, dots=None, check=True, config=None):
         dd, ds[0], ds[1], ds[2],
         m, n, groups, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"],
-        BM=16, BN=bn, PER=per, SPLIT=split, SWAP=cfg["SWAP"], UNROLL=cfg["UNROLL"], L2_GROUPS=min(cfg["L2_GROUPS"], per),
+        BM=16, BN=bn, PER=per, SPLIT=split, SWAP=cfg["SWAP"], UNROLL=cfg["UNROLL"],
         PREPARED=prepared, MASKED=not (prepared and n % bn == 0 and groups % per == 0), PDL=pdl,
         WRITE_DOTS=write_dots, INTERP=common.INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         launch_pdl=pdl)

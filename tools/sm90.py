@@ -77,8 +77,7 @@ def small_mma_launch(mod, n, k, m, force=None):
     ints = dict(q_sm=k, xs_sm=g, t_sm=g, out_sm=n, out_sn=1, d_sm=0, d_sn=0, d_sg=0, M=m, N=n, G=g,
                 **layout_strides(n, k, "prepared"))
     consts = dict(BM=16, BN=cfg["BN"], PER=cfg["groups_per_split"], SPLIT=cfg["SPLIT"], SWAP=cfg["SWAP"],
-                  UNROLL=cfg["UNROLL"], L2_GROUPS=min(cfg.get("L2_GROUPS", 0), cfg["groups_per_split"]),
-                  PREPARED=True, WRITE_DOTS=False, INTERP=False,
+                  UNROLL=cfg["UNROLL"], PREPARED=True, WRITE_DOTS=False, INTERP=False,
                   MASKED=not (n % cfg["BN"] == 0 and g % cfg["groups_per_split"] == 0), PDL=cfg.get("PDL", False))
     consts = {a: v for a, v in consts.items() if a in mod._small_mma_kernel.arg_names}
     opts = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}
@@ -94,7 +93,6 @@ def gemv_launch(n, k):
                 part_ptr="*fp32", count_ptr="*i32", dots_ptr="*i32")
     ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, per=per, **layout_strides(n, k, "prepared"))
     consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), SPLIT=c["SPLIT"],
-                  L2_GROUPS=min(c["L2_GROUPS"], per),
                   MASKED=not (n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=True,
                   WRITE_DOTS=False, PDL=True, INTERP=False)
     return gemv._gemv_kernel, ptrs, ints, consts, c["num_warps"], 1
