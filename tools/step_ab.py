@@ -9,7 +9,7 @@ M = 2..16), timed in one process, in alternating rounds, as CUDA graphs:
   gap to a pure read with the same launch structure is measured in the same rounds.
 
 Each variant's outputs are compared with the first variant's bit for bit (a variant that only
-changes scheduling, e.g. L2_GROUPS, must give the same bits). Ratios are per round, against
+changes scheduling, e.g. num_stages, must give the same bits). Ratios are per round, against
 the first variant: median [min-max]. Writes JSON as it goes.
 
     python tools/step_ab.py $OUT/ab.json --m 1,2,16 --shapes gate_up,out --sol \
