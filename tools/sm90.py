@@ -24,6 +24,7 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
 
 from pq2verify.cli import existing_file, positive_int
 from pq2verify.weights import layout_strides
@@ -47,7 +48,7 @@ def load(path):
 
 
 def compile_sm90(fn, ptrs: dict, ints: dict, consts: dict, num_warps: int, num_stages: int, **opts):
-    """triton.compile of jit function fn for sm_90 as the JIT would specialize a launch with
+    """triton.compile of jit (or gluon.jit) function fn for sm_90 as the JIT would specialize a launch with
     pointer arguments of types `ptrs` (16-byte aligned), int arguments `ints` (by value) and
     the constexprs `consts`. Returns (compiled kernel, PTX parameter names in order)."""
     sig, cx, attrs, params = {}, dict(consts), {}, []
@@ -65,7 +66,8 @@ def compile_sm90(fn, ptrs: dict, ints: dict, consts: dict, num_warps: int, num_s
             continue
         if sig[a] != "constexpr":
             params.append(a)
-    kern = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
+    source = GluonASTSource if getattr(fn, "is_gluon", lambda: False)() else ASTSource
+    kern = triton.compile(source(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages, **opts))
     return kern, params
 
@@ -137,18 +139,23 @@ def pdl_report():
     return out
 
 
-def compile_loop(mod, n, k, m, force=None):
-    """(config, SASS, registers) of small_mma's kernel."""
-    cfg, args, opts = small_mma_launch(mod, n, k, m, force)
-    kern, _ = compile_sm90(*args, **opts)
+def sass_and_registers(kern):
+    """(SASS text, registers per thread) of a compiled kernel, by Triton's bundled cuobjdump."""
     with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "small_mma.cubin")
+        cubin = os.path.join(d, "kernel.cubin")
         with open(cubin, "wb") as f:
             f.write(kern.asm["cubin"])
         dump = [os.path.join(BIN, "cuobjdump"), cubin]
         sass = subprocess.run(dump[:1] + ["-sass"] + dump[1:], capture_output=True, text=True, check=True).stdout
         usage = subprocess.run(dump[:1] + ["-res-usage"] + dump[1:], capture_output=True, text=True, check=True).stdout
-    return cfg, sass, re.search(r"REG:(\d+)", usage).group(1)
+    return sass, re.search(r"REG:(\d+)", usage).group(1)
+
+
+def compile_loop(mod, n, k, m, force=None):
+    """(config, SASS, registers) of small_mma's kernel."""
+    cfg, args, opts = small_mma_launch(mod, n, k, m, force)
+    kern, _ = compile_sm90(*args, **opts)
+    return (cfg, *sass_and_registers(kern))
 
 
 def loops(sass):
