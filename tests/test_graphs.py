@@ -3,12 +3,14 @@ kernel set (pq2verify.graphs). The CUDA-graph part needs a GPU (marker gpu: skip
 with a reason); the stale-cache part runs everywhere. The last tests show that deliberately
 broken kernels (a launch plan keyed by a data pointer, a memoizing kernel, a kernel that reads
 scratch it did not write) fail these checks."""
+import importlib
+import inspect
 import types
 
 import pytest
 import torch
 
-from pq2verify import graphs, registry
+from pq2verify import graphs, registry, tiles
 from pq2verify.weights import PQ2Weight
 
 pytestmark = pytest.mark.graph
@@ -17,8 +19,6 @@ pytestmark = pytest.mark.graph
 CPU = {"pq2": (64, 256), "dense": (96, 256)}
 # A second weight with the same byte count but another shape: N/2 x 2K.
 CPU_B = {"pq2": (32, 512), "dense": (48, 512)}
-# Shapes where the split-K paths split on the interpreter.
-SCRATCH_SHAPE = {"single": (16, 4096), "small_mma": (32, 1024), "small_gemm": (96, 256)}
 GPU = {"pq2": (2048, 4096), "dense": (96, 5120)}
 GPU_MS = (1, 4, 16, 17, 64)
 PATHS = [p.name for p in registry.PATHS]
@@ -26,6 +26,44 @@ PATHS = [p.name for p in registry.PATHS]
 
 def _m(p) -> int:
     return 17 if p.m_min > 16 else min(2, p.m_max or 2) if p.m_min <= 2 else p.m_min
+
+
+def _planted_m(p) -> int:
+    return max(p.m_min, 4) if p.serves(max(p.m_min, 4)) else p.m_min
+
+
+def split_shape(p, m: int, interpret: bool, prefer=None):
+    """(N, K) where the path's chooser splits K (config SPLIT > 1) at M, for the interpreter or
+    the GPU: `prefer` if it splits, else the smallest such shape of the config grid; None where
+    the path has no split-K. Derived from the configs, so a path that starts to split is
+    covered by the split-K tests without editing a list."""
+    mod = importlib.import_module(p.module)
+    if not hasattr(mod, "config"):
+        return None
+    for n, k in ([prefer] if prefer else []) + sorted(tiles.grid(p.weight), key=lambda s: s[0] * s[1]):
+        if mod.config(n, k, m, interpret).get("SPLIT", 1) > 1:
+            return n, k
+    return None
+
+
+def _uses_partials(p) -> bool:
+    return "splitk.partials(" in inspect.getsource(importlib.import_module(p.module))
+
+
+# Shapes where the split-K paths split on the interpreter (the scratch-poison test) and the
+# split-K paths on the GPU at the planted test's shape.
+SCRATCH_SHAPE = {p.name: s for p in registry.PATHS if (s := split_shape(p, _m(p), True))}
+SPLIT_PATHS = tuple(p.name for p in registry.PATHS if split_shape(p, _planted_m(p), False, GPU[p.weight]) == GPU[p.weight])
+
+
+def test_every_path_that_takes_partials_is_in_the_split_tests():
+    """A kernel that takes split-K partials (splitk.partials) splits at a shape the interpreter
+    runs (the scratch-poison test) and at the planted-race test's GPU shape, so neither test
+    passes it by never splitting."""
+    users = [p.name for p in registry.PATHS if _uses_partials(p)]
+    assert {"single", "small_mma", "small_gemm", "gemv"} <= set(users), users
+    assert set(users) <= set(SCRATCH_SHAPE), f"no interpreter shape splits: {set(users) - set(SCRATCH_SHAPE)}"
+    assert set(users) <= set(SPLIT_PATHS), f"no split at the GPU shape {GPU['pq2']}: {set(users) - set(SPLIT_PATHS)}"
 
 
 def _layouts(p):
@@ -228,9 +266,6 @@ def test_declared_capture_stream_workspace_is_real(name):
         f"drop its capture_stream_workspace declaration ({p.capture_stream_workspace})")
 
 
-SPLIT_PATHS = ("single", "small_mma", "small_gemm")
-
-
 @pytest.mark.gpu
 def test_rendezvous_meets_only_with_a_partner():
     """The forced overlap proves itself: two parties on two streams meet; one alone times out
@@ -265,7 +300,7 @@ def test_planted_shared_partials_are_caught_every_time(name, monkeypatch):
     monkeypatch.setattr(splitk, "partials", planted)
     p = registry.get(name)
     n, k = GPU[p.weight]
-    m = max(p.m_min, 4) if p.serves(max(p.m_min, 4)) else p.m_min
+    m = _planted_m(p)
     caught = 0
     for t in range(10):
         a = graphs.path_call(p, *graphs.make_inputs(p, m, n, k, seed=1 + 2 * t, device="cuda"))
