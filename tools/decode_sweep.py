@@ -72,8 +72,9 @@ def clocks() -> str:
         return "n/a"
 
 
-def graph_time(thunks, reps=10, samples=5) -> float:
-    """Median seconds of one pass over thunks, captured in one graph."""
+def capture(thunks):
+    """A CUDA graph of thunks (run once eagerly on a side stream first, as torch asks). The
+    caller keeps the thunks' tensors alive as long as the graph: a replay writes them."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -87,15 +88,24 @@ def graph_time(thunks, reps=10, samples=5) -> float:
             t()
     g.replay()
     torch.cuda.synchronize()
-    out = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            g.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3 / reps)
+    return g
+
+
+def replay_s(g, reps: int) -> float:
+    """Seconds of one replay of graph g, the mean over reps back-to-back replays (CUDA events)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3 / reps
+
+
+def graph_time(thunks, reps=10, samples=5) -> float:
+    """Median seconds of one pass over thunks, captured in one graph."""
+    g = capture(thunks)
+    out = [replay_s(g, reps) for _ in range(samples)]
     del g
     return statistics.median(out)
 

@@ -28,9 +28,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import pq2_shape_names  # noqa: E402  (tools/ is not a package)
+import sm90  # noqa: E402  (tools/ is not a package)
+from decode_sweep import pq2_shape_names  # noqa: E402
 
-from pq2verify.cli import positive_int, positive_ints  # noqa: E402
+from pq2verify.cli import positive_ints  # noqa: E402
 
 
 @gluon.jit
@@ -153,7 +154,6 @@ def compile_args(n: int, k: int, m: int, db: bool):
 
 def loop_counts(n: int, k: int, m: int, db: bool) -> dict:
     """The sm_90 loop of this kernel, compiled on the CPU: {opcode: count} of its longest loop."""
-    import sm90
     _, args = compile_args(n, k, m, db)
     kern, _ = sm90.compile_sm90(*args)
     return dict(max(sm90.loops(sm90.sass_and_registers(kern)[0]), key=lambda t: t[1] - t[0])[2])
@@ -162,8 +162,8 @@ def loop_counts(n: int, k: int, m: int, db: bool) -> dict:
 def time_shapes(ms: list, names: list | None, dest: str | None) -> None:
     """Per shape and M, this kernel (DB on and off) against small_mma: bits and time, on rotated
     weight copies as CUDA graphs in alternating rounds (tools/step_ab.py's helpers)."""
-    from step_ab import alternate, capture, summary
-    from decode_sweep import stream_bw
+    from decode_sweep import capture, stream_bw
+    from step_ab import alternate, summary
     from kernels import small_mma
     from pq2verify import inputs
     from pq2verify.bench import plan
@@ -210,9 +210,7 @@ def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     cp = sub.add_parser("compile", help="the sm_90 loop's instructions (no GPU)")
-    cp.add_argument("--n", type=positive_int, default=34816)
-    cp.add_argument("--k", type=positive_int, default=5120, help="a multiple of 128")
-    cp.add_argument("--m", type=positive_int, default=16, help="1-16")
+    sm90.add_shape_args(cp)
     cp.add_argument("--db", action="store_true", help="with the register lookahead of one group")
     tp = sub.add_parser("time", help="against small_mma on a GPU")
     tp.add_argument("--m", type=positive_ints, default=[2, 16])
@@ -224,10 +222,8 @@ def main():
             ap.error(f"argument --m: small_mma serves M 1-16, got {a.m}")
         time_shapes(a.m, a.shapes, a.json)
         return
-    if a.k % 128:
-        ap.error(f"argument --k: expected a multiple of 128 (a Q8 group), got {a.k}")
-    if a.m > 16:
-        ap.error(f"argument --m: small_mma serves M 1-16, got {a.m}")
+    if sm90.shape_error(a):
+        ap.error(sm90.shape_error(a))
     from kernels import small_mma
     cfg = small_mma.config(a.n, a.k, a.m, interpret=False)
     if not supported(a.n, a.k, cfg):

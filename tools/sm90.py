@@ -170,13 +170,27 @@ def loops(sass):
                 re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for _, x in body)
 
 
+def add_shape_args(parser) -> None:
+    """--n, --k, --m of a decode shape to compile (gate_up at M = 16 by default)."""
+    parser.add_argument("--n", type=positive_int, default=34816)
+    parser.add_argument("--k", type=positive_int, default=5120, help="a multiple of 128")
+    parser.add_argument("--m", type=positive_int, default=16, help="1-16")
+
+
+def shape_error(a) -> str | None:
+    """Why add_shape_args' values cannot be compiled for small_mma, or None."""
+    if a.k % 128:
+        return f"argument --k: expected a multiple of 128 (a Q8 group), got {a.k}"
+    if a.m > 16:
+        return f"argument --m: small_mma serves M 1-16, got {a.m}"
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     lp = sub.add_parser("loop", help="small_mma's loop: instructions per weight byte")
-    lp.add_argument("--n", type=positive_int, default=34816)
-    lp.add_argument("--k", type=positive_int, default=5120, help="a multiple of 128")
-    lp.add_argument("--m", type=positive_int, default=16, help="1-16")
+    add_shape_args(lp)
     lp.add_argument("--module", type=existing_file, default=None,
                     help="a small_mma.py to compile instead of kernels/small_mma.py")
     lp.add_argument("--config", type=json.loads, default=None, help='fields over the chooser\'s, e.g. \'{"UNROLL": 2}\'')
@@ -195,10 +209,8 @@ def main():
             for v in r["violations"]:
                 print("   ", v)
         return
-    if a.k % 128:
-        ap.error(f"argument --k: expected a multiple of 128 (a Q8 group), got {a.k}")
-    if a.m > 16:
-        ap.error(f"argument --m: small_mma serves M 1-16, got {a.m}")
+    if shape_error(a):
+        ap.error(shape_error(a))
     mod = load(a.module)
     if a.config is not None:
         if not isinstance(a.config, dict):

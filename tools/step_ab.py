@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import clocks, pq2_shape_names, stream_bw  # noqa: E402  (tools/ is not a package)
+from decode_sweep import capture, clocks, pq2_shape_names, replay_s, stream_bw  # noqa: E402  (tools/ is not a package)
 
 from kernels import gemv, small_mma  # noqa: E402
 from pq2verify import inputs  # noqa: E402
@@ -70,34 +70,6 @@ def call(x, w, out, m, fields):
     return lambda: mod.run(x, w, out=out, check=False, config=cfg)
 
 
-def capture(thunks):
-    """A CUDA graph of thunks (run once eagerly on a side stream first, as torch asks)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for t in thunks:
-            t()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for t in thunks:
-            t()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
-def replay_s(g, reps):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / 1e3 / reps
-
-
 def alternate(graphs: dict, rounds: int, reps: int, per: int = 1) -> dict:
     """{label: [seconds per pass]} over rounds, labels alternating inside each round; a pass
     is `per` calls (seconds are divided by it)."""
@@ -121,6 +93,19 @@ def summary(times: dict) -> dict:
 def line(what, lab, s, unit, scale, extra=""):
     return (f"{what:22s} {lab:12s} {s['median_s'] * scale:9.3f} {unit} [{s['min_s'] * scale:.3f}-{s['max_s'] * scale:.3f}]"
             f"  x{s['speedup_vs_first']:.3f} [{s['speedup_range'][0]:.3f}-{s['speedup_range'][1]:.3f}] {extra}")
+
+
+def report(s: dict, outs: dict, first: str, nbytes: int, bw: float, what: str, unit: str, scale: float, t0: float):
+    """Adds to each row of summary s its bits against the first variant's output (None for a
+    row without one, e.g. a speed-of-light read), GB/s and fraction of the floor; prints it."""
+    for lab in s:
+        s[lab]["bits_equal_first"] = (bool(torch.equal(outs[lab].view(torch.int16), outs[first].view(torch.int16)))
+                                      if lab in outs else None)
+        s[lab]["gbs"] = nbytes / s[lab]["median_s"] / 1e9
+        s[lab]["floor_frac"] = nbytes / s[lab]["median_s"] / bw
+        print(line(what, lab, s[lab], unit, scale,
+                   f"{s[lab]['gbs']:6.0f} GB/s {s[lab]['floor_frac']:6.1%} of floor (floor {nbytes / bw * scale:.3f} {unit}) "
+                   f"=first {s[lab]['bits_equal_first']} [{time.time() - t0:.0f}s]"), flush=True)
 
 
 def main():
@@ -167,14 +152,7 @@ def main():
                     graphs[lab] = capture([read_call(weight_bytes(w), pdl)[0] for w in ws])
             first = next(iter(outs))
             s = summary(alternate(graphs, args.rounds, args.reps, copies))
-            for lab in s:
-                s[lab]["bits_equal_first"] = (bool(torch.equal(outs[lab].view(torch.int16), outs[first].view(torch.int16)))
-                                              if lab in outs else None)
-                s[lab]["gbs"] = nbytes / s[lab]["median_s"] / 1e9
-                s[lab]["floor_frac"] = nbytes / s[lab]["median_s"] / bw
-                print(line(f"{name} M={m}", lab, s[lab], "us", 1e6,
-                           f"{s[lab]['gbs']:6.0f} GB/s {s[lab]['floor_frac']:6.1%} of floor "
-                           f"=first {s[lab]['bits_equal_first']} [{time.time() - t0:.0f}s]"), flush=True)
+            report(s, outs, first, nbytes, bw, f"{name} M={m}", "us", 1e6, t0)
             res["shapes"][f"{name} M={m}"] = s
             save()
             del graphs, outs, keep
@@ -209,12 +187,8 @@ def main():
         first = next(iter(last))
         s = summary(alternate(graphs, args.rounds, 5))
         for lab in s:
-            s[lab]["bits_equal_first"] = bool(torch.equal(last[lab].view(torch.int16), last[first].view(torch.int16)))
             s[lab]["last_rms"] = float(last[lab].float().pow(2).mean().sqrt())
-            s[lab]["floor_frac"] = total / s[lab]["median_s"] / bw
-            print(line(f"step M={m}", lab, s[lab], "ms", 1e3,
-                       f"{s[lab]['floor_frac']:6.1%} of floor {total / bw * 1e3:.3f} ms =first {s[lab]['bits_equal_first']} "
-                       f"[{time.time() - t0:.0f}s]"), flush=True)
+        report(s, last, first, total, bw, f"step M={m}", "ms", 1e3, t0)
         res["step"][f"M={m}"] = s
         save()
         del graphs, last, keep
