@@ -27,9 +27,18 @@ from .weights import PQ2Weight
 # declared today: a module-level buffer is shared by every stream and graph, which raced under
 # concurrent replays; split-K partials come from the caching allocator per call (kernels.splitk).
 SCRATCH: dict[str, tuple] = {}
-CACHE_MODULES = ("kernels.common", "kernels.prepare", "kernels.splitk", "kernels.native", "kernels.int_gemv",
-                 "kernels.mmq", "kernels.single", "kernels.small_mma", "kernels.mmq_planes", "kernels.small_gemm",
-                 "kernels.cublas", "pq2verify.dispatch", "pq2verify.weights")
+
+
+def cache_modules() -> tuple[str, ...]:
+    """The modules whose module-level caches the checks inspect: every module of the kernels
+    package and every registry path's module (a path added later is covered without editing a
+    list; a hand-written one had missed gemv), plus the dispatch and the weight type."""
+    import pkgutil
+
+    import kernels
+    names = {f"kernels.{m.name}" for m in pkgutil.iter_modules(kernels.__path__)}
+    names |= {p.module for p in registry.PATHS}
+    return tuple(sorted(names)) + ("pq2verify.dispatch", "pq2verify.weights")
 ADDRESS_LIKE = 1 << 44   # user-space addresses on x86-64 (heap, mmap, CUDA VA) lie above this
 
 
@@ -101,10 +110,10 @@ def mutations(call: Call, x_new, w_new) -> list[tuple[str, Callable[[], None]]]:
 
 
 # --- caches ------------------------------------------------------------------------------
-def _modules(names=CACHE_MODULES):
+def _modules(names=None):
     import importlib
     out = []
-    for name in names:
+    for name in names if names is not None else cache_modules():
         try:
             out.append(importlib.import_module(name))
         except ModuleNotFoundError as e:

@@ -151,7 +151,8 @@ PATHS: tuple[Path, ...] = (
          description="prefill: INT8 tensor-core dot per 128-group on weights expanded to int8"),
     Path("gemv", "kernels.gemv", "tuned", 1, 1, tol_reason=_OUT,
          dots_equal_to="int_gemv", counterpart="int_gemv",
-         description="M=1: masked-plane DP4A, no split-K, quantize and GEMV PDL-chained on CUDA"),
+         description="M=1: masked-plane DP4A, split-K summed in the kernel by the tile's last program, "
+                     "quantize and GEMV PDL-chained on CUDA"),
     Path("single", "kernels.single", "tuned", 1, 1, tol_reason=_OUT,
          dots_equal_to="int_gemv", counterpart="int_gemv",
          description="M=1: plane-order DP4A on raw codes minus the group sum; own FP32 sum order"),
