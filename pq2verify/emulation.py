@@ -3,7 +3,7 @@ interpreter is far too slow (a whole model on the CPU).
 
 `emulate(path_name, x, w) -> y` computes what the path computes:
 - native: decode the packed weights to floats, multiply in FP32, round to x's dtype.
-- int_gemv, mmq, single, small_mma, mmq_planes: Q8 of x bit-exactly as SPEC §3, the exact
+- the integer paths (int_gemv, mmq, gemv, single, small_mma, mmq_planes): Q8 of x bit-exactly as SPEC §3, the exact
   integer group dots, then FP32 `acc + dot * xs * ws` per group in the path's fold order.
 - cublas, small_gemm: a dense matrix in x's dtype.
 
