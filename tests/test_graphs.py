@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pq2verify import graphs, registry, tiles
+from pq2verify.bits import same_bits
 from pq2verify.weights import PQ2Weight
 
 pytestmark = pytest.mark.graph
@@ -326,6 +327,50 @@ def test_planted_shared_partials_are_caught_every_time(name, monkeypatch):
         caught += bool(fails)
     assert calls, f"{name} did not split at {n}x{k}: the planted buffer was never used"
     assert caught == 10, f"{name}: the planted shared partials were caught in {caught} of 10 tries"
+
+
+RERUNS = 100
+
+
+def _bonsai_split_cases():
+    """(path, N, K, M) per split-K path: the two smallest Bonsai-27B shapes where its GPU
+    chooser splits K at the planted test's M (from the configs, like SPLIT_PATHS)."""
+    from pq2verify import cases
+    for name in SPLIT_PATHS:
+        p = registry.get(name)
+        m = _planted_m(p)
+        mod = importlib.import_module(p.module)
+        shapes = sorted(((n, k) for _, n, k in cases.SHAPES["bonsai27b"][p.weight]
+                         if mod.config(n, k, m, False).get("SPLIT", 1) > 1), key=lambda s: s[0] * s[1])
+        for n, k in shapes[:2]:
+            yield pytest.param(name, n, k, m, id=f"{name}-{n}x{k}-m{m}")
+
+
+def test_bonsai_split_cases_cover_every_split_path():
+    """Each split-K path splits on at least one Bonsai-27B shape, so the 100-rerun test below
+    exercises its in-kernel reduction at real sizes."""
+    assert {c.values[0] for c in _bonsai_split_cases()} == set(SPLIT_PATHS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,n,k,m", list(_bonsai_split_cases()))
+def test_split_k_is_deterministic_over_100_reruns(name, n, k, m):
+    """Split-K summed in a fixed order: 100 eager calls and 100 replays of a captured call give
+    the first call's bytes (an order that followed the programs' arrival would differ)."""
+    p = registry.get(name)
+    x, w = graphs.make_inputs(p, m, n, k, seed=11, device="cuda")
+    f = graphs.kernel_fn(p)
+    first = f(x, w).clone()
+    differ = [i for i in range(RERUNS) if not same_bits(f(x, w), first)]
+    graph, out = graphs.capture(graphs.path_call(p, x, w).fn)     # partials captured NaN-filled
+    replays = []
+    for i in range(RERUNS):
+        graph.replay()
+        if not same_bits(out, first):
+            replays.append(i)
+    assert not differ and not replays, (
+        f"{name} {n}x{k} M={m}: eager reruns {differ[:5]} and graph replays {replays[:5]} of {RERUNS} differ from "
+        f"the first call; reproduce: pytest --device cuda tests/test_graphs.py -k \"100_reruns and {name}-{n}x{k}\"")
 
 
 @pytest.mark.gpu
