@@ -312,6 +312,31 @@ def test_wrapper_good_arguments_pass():
         validate.kernel_args(p.name, _x(m=m), w, out=out)
 
 
+def _wrapper_bad_calls():
+    """(path, what, (x, w, out), exception, message) that each path's own run() must refuse:
+    every registry path, so a wrapper that skips validate.kernel_out fails here."""
+    for p in registry.PATHS:
+        m = 17 if p.m_min > 16 else p.m_min
+        dense = p.weight == "dense"
+        w = dense_weight(8, 128, 1, DEV) if dense else _w(layout=p.layouts[-1])
+        yield p.name, "x float32", (torch.zeros(m, 128, device=DEV), w, None), TypeError, r"^x: expected dtype"
+        yield p.name, "x K", (_x(m=m, k=256), w, None), ValueError, r"^x: last dimension K=256 does not match"
+        yield p.name, "out shape", (_x(m=m), w, torch.empty(m, 9, dtype=BF, device=DEV)), ValueError, r"^out: expected shape"
+        bad_m = p.m_max + 1 if p.m_max else p.m_min - 1
+        if bad_m >= 1:
+            yield p.name, f"M={bad_m}", (_x(m=bad_m), w, None), ValueError, rf"^{p.name} serves M in .*, got M={bad_m}$"
+        if not dense:
+            bad = PQ2Weight(_with_code3("prepared"), 8, 128, "prepared")
+            yield p.name, "code 3", (_x(m=m), bad, None), PQ2FormatError, r"^weight: code 3 in row 3"
+
+
+@pytest.mark.parametrize("name,what,args,exc,msg", [pytest.param(*c, id=f"{c[0]}-{c[1]}") for c in _wrapper_bad_calls()])
+def test_every_path_wrapper_refuses_bad_input(name, what, args, exc, msg):
+    x, w, out = args
+    with pytest.raises(exc, match=msg):
+        registry.get(name).kernel()(x, w, out=out)
+
+
 # --- the FP64 reference ------------------------------------------------------------------
 def test_reference_refuses_nan_activations():
     from reference import projection
