@@ -33,18 +33,22 @@ def _planted_m(p) -> int:
     return max(p.m_min, 4) if p.serves(max(p.m_min, 4)) else p.m_min
 
 
-def split_shape(p, m: int, interpret: bool, prefer=None):
-    """(N, K) where the path's chooser splits K (config SPLIT > 1) at M, for the interpreter or
-    the GPU: `prefer` if it splits, else the smallest such shape of the config grid; None where
-    the path has no split-K. Derived from the configs, so a path that starts to split is
-    covered by the split-K tests without editing a list."""
+def split_shapes(p, m: int, interpret: bool, shapes) -> list:
+    """The (N, K) of `shapes` where the path's chooser splits K (config SPLIT > 1) at M, for the
+    interpreter or the GPU, smallest first. Derived from the configs, so a path that starts to
+    split is covered by the split-K tests without editing a list."""
     mod = importlib.import_module(p.module)
     if not hasattr(mod, "config"):
-        return None
-    for n, k in ([prefer] if prefer else []) + sorted(tiles.grid(p.weight), key=lambda s: s[0] * s[1]):
-        if mod.config(n, k, m, interpret).get("SPLIT", 1) > 1:
-            return n, k
-    return None
+        return []
+    return sorted(((n, k) for n, k in shapes if mod.config(n, k, m, interpret).get("SPLIT", 1) > 1),
+                  key=lambda s: s[0] * s[1])
+
+
+def split_shape(p, m: int, interpret: bool, prefer=None):
+    """`prefer` if the path splits there, else the smallest shape of the config grid where it
+    does; None where the path has no split-K."""
+    found = split_shapes(p, m, interpret, [prefer] if prefer else []) or split_shapes(p, m, interpret, tiles.grid(p.weight))
+    return found[0] if found else None
 
 
 def _uses_partials(p) -> bool:
@@ -339,10 +343,7 @@ def _bonsai_split_cases():
     for name in SPLIT_PATHS:
         p = registry.get(name)
         m = _planted_m(p)
-        mod = importlib.import_module(p.module)
-        shapes = sorted(((n, k) for _, n, k in cases.SHAPES["bonsai27b"][p.weight]
-                         if mod.config(n, k, m, False).get("SPLIT", 1) > 1), key=lambda s: s[0] * s[1])
-        for n, k in shapes[:2]:
+        for n, k in split_shapes(p, m, False, [(n, k) for _, n, k in cases.SHAPES["bonsai27b"][p.weight]])[:2]:
             yield pytest.param(name, n, k, m, id=f"{name}-{n}x{k}-m{m}")
 
 

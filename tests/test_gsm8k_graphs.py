@@ -152,7 +152,6 @@ def test_the_cli_refuses_graphs_on_the_cpu(tmp_path, capsys, cpu_env):  # noqa: 
     assert "CUDA graphs need --device cuda" in capsys.readouterr().err
 
 
-
 @pytest.mark.parametrize("argv,msg", [
     (["--m", "0"], "argument --m: expected an integer >= 1, got '0'"),
     (["--m", "4,x"], "argument --m: expected an integer >= 1, got 'x'"),

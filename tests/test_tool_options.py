@@ -37,6 +37,8 @@ def _main(name):
     ("gluon_small_mma", ["time", "--m", "2,17"], "argument --m: small_mma serves M 1-16"),
     ("gluon_small_mma", ["time", "--shapes", "bogus"], "unknown shape ['bogus']"),
     ("step_ab", ["--variants", "nope"], "argument --variants: not JSON"),
+    ("step_ab", ["--variants", '{"a": {}}', "--no-step"], "argument --no-step: without --shapes nothing would be timed"),
+    ("step_ab", ["--variants", '{"a": {}}', "--reps", "-1"], "argument --reps: expected an integer >= 1"),
     ("step_ab", ["--variants", "{}"], "argument --variants: expected {label: {field: value}}"),
     ("step_ab", ["--variants", '{"a": {"BOGUS": 1}}'], "variant 'a' at M=1: gemv: config field 'BOGUS' unknown"),
     ("step_ab", ["--variants", '{"a": {"UNROLL": 2}}', "--m", "4"], "small_mma: config field groups_per_split=5: not a multiple of UNROLL=2"),

@@ -130,6 +130,14 @@ def stream_bw() -> float:
     return bw
 
 
+def rotated_weights(n: int, k: int) -> tuple[list, int]:
+    """(copies, bytes of one) of prepared N x K weights to time calls on in turn: 2 to 12
+    copies, about 400 MB together, so each call reads its weight from DRAM, not L2."""
+    nbytes = plan.pq2_nbytes(n, k)
+    copies = max(2, min(12, int(400e6 // nbytes) + 1))
+    return [inputs.ternary_weight(n, k, seed=i, device="cuda") for i in range(copies)], nbytes
+
+
 def run_path(name, x, w, out, config=None):
     if name.startswith("gemv"):
         return lambda: gemv.run(x, w, out=out, check=False, config=config)
@@ -146,9 +154,8 @@ def main():
     given = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None   # {"best": ..., "best_split1": ...}
     for name, sh in ({} if given else shapes).items():
         n, k = sh.n, sh.k
-        nbytes = n * k // 4 + n * (k // 128) * 2
-        copies = max(2, min(12, int(400e6 // nbytes) + 1))
-        ws = [inputs.ternary_weight(n, k, seed=i, device="cuda") for i in range(copies)]
+        ws, nbytes = rotated_weights(n, k)
+        copies = len(ws)
         x = inputs.activations(1, k, seed=1, device="cuda")
         ref = registry.get("int_gemv").kernel()(x, ws[0])
         rows = {}

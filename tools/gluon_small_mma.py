@@ -159,51 +159,41 @@ def loop_counts(n: int, k: int, m: int, db: bool) -> dict:
     return dict(max(sm90.loops(sm90.sass_and_registers(kern)[0]), key=lambda t: t[1] - t[0])[2])
 
 
-def time_shapes(ms: list, names: list | None, dest: str | None) -> None:
-    """Per shape and M, this kernel (DB on and off) against small_mma: bits and time, on rotated
-    weight copies as CUDA graphs in alternating rounds (tools/step_ab.py's helpers)."""
-    from decode_sweep import capture, stream_bw
-    from step_ab import alternate, summary
+def unsupported(ms: list, names: list | None) -> list:
+    """"<shape> M=<m>" of the selection that the prototype cannot run (small_mma's config there
+    needs masked tiles)."""
     from kernels import small_mma
-    from pq2verify import inputs
     from pq2verify.bench import plan
+    return [f"{nm} M={m}" for nm, sh in plan.step_shapes().items() if not sh.dense and (not names or nm in names)
+            for m in ms if not supported(sh.n, sh.k, small_mma.config(sh.n, sh.k, m, interpret=False))]
+
+
+def time_shapes(ms: list, names: list | None, dest: str | None) -> None:
+    """Per shape and M, this kernel (DB on and off) against small_mma (the baseline of the
+    ratios and the bits): step_ab.time_shape, rotated weight copies as CUDA graphs in
+    alternating rounds."""
+    from decode_sweep import stream_bw
+    from step_ab import time_shape
+    from kernels import small_mma
+    from pq2verify.bench import plan
+
+    def gluon(db):
+        def make(x, w, o, m):
+            cfg = small_mma.config(w.n, w.k, m, interpret=False)
+            return lambda: run(x, w, o, cfg, db=db)
+        return make
+    makers = {"small_mma": lambda x, w, o, m: (lambda: small_mma.run(x, w, out=o, check=False)),
+              "gluon DB": gluon(True), "gluon noDB": gluon(False)}
     t0 = time.time()
     bw = stream_bw()
     res = {"bw": bw, "rows": {}}
-    shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense and (not names or nm in names)}
-    for name, sh in shapes.items():
-        nbytes = sh.n * sh.k // 4 + sh.n * (sh.k // 128) * 2
-        copies = max(2, min(12, int(400e6 // nbytes) + 1))
-        ws = [inputs.ternary_weight(sh.n, sh.k, seed=i, device="cuda") for i in range(copies)]
-        for m in ms:
-            x = inputs.activations(m, sh.k, seed=1, device="cuda")
-            cfg = small_mma.config(sh.n, sh.k, m, interpret=False)
-            if not supported(sh.n, sh.k, cfg):
-                print(f"{name} M={m}: {cfg} not supported by the prototype", flush=True)
-                continue
-            makers = {"small_mma": lambda x, w, o: (lambda: small_mma.run(x, w, out=o, check=False)),
-                      "gluon DB": lambda x, w, o: (lambda: run(x, w, o, cfg, db=True)),
-                      "gluon noDB": lambda x, w, o: (lambda: run(x, w, o, cfg, db=False))}
-            keep, graphs, first = [], {}, {}
-            for lab, make in makers.items():
-                o = [torch.empty(m, sh.n, dtype=x.dtype, device="cuda") for _ in ws]
-                keep.append(o)          # the graph writes them on every replay
-                graphs[lab] = capture([make(x, w, oo) for w, oo in zip(ws, o)])
-                first[lab] = o[0]
-            s = summary(alternate(graphs, 5, 10, copies))
-            for lab in s:
-                s[lab]["bits_equal_small_mma"] = bool(torch.equal(first[lab].view(torch.int16),
-                                                                  first["small_mma"].view(torch.int16)))
-                print(f"{name:8s} M={m:2d} {lab:11s} {s[lab]['median_s'] * 1e6:8.2f} us x{s[lab]['speedup_vs_first']:.3f} "
-                      f"{nbytes / s[lab]['median_s'] / bw:6.1%} of floor  bits=small_mma {s[lab]['bits_equal_small_mma']} "
-                      f"[{time.time() - t0:.0f}s]", flush=True)
-            res["rows"][f"{name} M={m}"] = s
-            if dest:
-                with open(dest, "w") as f:
-                    json.dump(res, f, indent=1)
-            del graphs, keep, first
-        del ws
-        torch.cuda.empty_cache()
+    for name, sh in plan.step_shapes().items():
+        if sh.dense or (names and name not in names):
+            continue
+        res["rows"].update(time_shape(name, sh, ms, makers, rounds=5, reps=10, sol=False, bw=bw, t0=t0))
+        if dest:
+            with open(dest, "w") as f:
+                json.dump(res, f, indent=1)
 
 
 def main():
@@ -220,6 +210,8 @@ def main():
     if a.cmd == "time":
         if any(m > 16 for m in a.m):
             ap.error(f"argument --m: small_mma serves M 1-16, got {a.m}")
+        if unsupported(a.m, a.shapes):
+            ap.error(f"the prototype has no masked tiles, which small_mma's config needs at {', '.join(unsupported(a.m, a.shapes))}")
         time_shapes(a.m, a.shapes, a.json)
         return
     if sm90.shape_error(a):

@@ -19,7 +19,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import clocks, graph_time, pq2_shape_names, read_thunk, stream_bw  # noqa: E402  (tools/ is not a package)
+from decode_sweep import clocks, graph_time, pq2_shape_names, read_thunk, rotated_weights, stream_bw  # noqa: E402  (tools/ is not a package)
 
 from kernels import small_mma, splitk  # noqa: E402
 from pq2verify import inputs, registry  # noqa: E402
@@ -102,9 +102,8 @@ def main():
     best = {}
     for name, sh in sweep.items():
         n, k = sh.n, sh.k
-        nbytes = n * k // 4 + n * (k // 128) * 2
-        copies = max(2, min(12, int(400e6 // nbytes) + 1))
-        ws = [inputs.ternary_weight(n, k, seed=i, device="cuda") for i in range(copies)]
+        ws, nbytes = rotated_weights(n, k)
+        copies = len(ws)
         res["shapes"][name] = {"n": n, "k": k, "bytes": nbytes, "rows": {}}
         for m in args.m:
             x = inputs.activations(m, k, seed=1, device="cuda")

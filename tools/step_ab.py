@@ -25,13 +25,13 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import capture, clocks, pq2_shape_names, replay_s, stream_bw  # noqa: E402  (tools/ is not a package)
+from decode_sweep import capture, clocks, pq2_shape_names, replay_s, rotated_weights, stream_bw  # noqa: E402  (tools/ is not a package)
 
 from kernels import gemv, small_mma  # noqa: E402
 from pq2verify import inputs  # noqa: E402
 from pq2verify.bench import plan  # noqa: E402
 from pq2verify.bench.contestants import scaled_clone, weight_bytes  # noqa: E402
-from pq2verify.bench.step import gain_log2  # noqa: E402
+from pq2verify.bench.step import exponents, gain_log2  # noqa: E402
 from pq2verify.bench.sol import read_call  # noqa: E402
 from pq2verify.cli import positive_int, positive_ints  # noqa: E402
 
@@ -108,6 +108,33 @@ def report(s: dict, outs: dict, first: str, nbytes: int, bw: float, what: str, u
                    f"=first {s[lab]['bits_equal_first']} [{time.time() - t0:.0f}s]"), flush=True)
 
 
+def time_shape(name, sh, ms, makers: dict, *, rounds: int, reps: int, sol: bool, bw: float, t0: float) -> dict:
+    """One shape alone, per M: each maker's calls (maker(x, w, out, m) -> thunk; the first is
+    the baseline of the ratios and the bits) on rotated weight copies as one CUDA graph, in
+    alternating rounds; with sol, the bench's speed-of-light reads of the same bytes (plain,
+    PDL) beside them. {"<name> M=<m>": summary rows} (printed as they come)."""
+    ws, nbytes = rotated_weights(sh.n, sh.k)
+    res = {}
+    for m in ms:
+        x = inputs.activations(m, sh.k, seed=1, device="cuda")
+        graphs, outs, keep = {}, {}, []
+        for lab, make in makers.items():
+            o = [torch.empty(m, sh.n, dtype=x.dtype, device="cuda") for _ in ws]
+            keep.append(o)      # a graph writes these on every replay: alive while it is
+            graphs[lab] = capture([make(x, w, oo, m) for w, oo in zip(ws, o)])
+            outs[lab] = o[0]
+        if sol:
+            for lab, pdl in (("SOL read", False), ("SOL read+PDL", True)):
+                graphs[lab] = capture([read_call(weight_bytes(w), pdl)[0] for w in ws])
+        s = summary(alternate(graphs, rounds, reps, len(ws)))
+        report(s, outs, next(iter(outs)), nbytes, bw, f"{name} M={m}", "us", 1e6, t0)
+        res[f"{name} M={m}"] = s
+        del graphs, outs, keep
+    del ws
+    torch.cuda.empty_cache()
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dest", nargs="?", default="step_ab.json")
@@ -123,6 +150,8 @@ def main():
     args = ap.parse_args()
     if any(m > 16 for m in args.m):
         ap.error(f"argument --m: decode Ms are 1-16, got {args.m}")
+    if args.no_step and not args.shapes:
+        ap.error("argument --no-step: without --shapes nothing would be timed")
     bad = variant_errors(args.variants, args.m)
     if bad:
         ap.error("argument --variants: " + "; ".join(bad))
@@ -134,43 +163,21 @@ def main():
         with open(args.dest, "w") as f:
             json.dump(res, f, indent=1)
     shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
+    makers = {lab: (lambda x, w, o, m, fields=fields: call(x, w, o, m, fields)) for lab, fields in args.variants.items()}
     for name in args.shapes or []:
-        sh = shapes[name]
-        nbytes = sh.n * sh.k // 4 + sh.n * (sh.k // 128) * 2
-        copies = max(2, min(12, int(400e6 // nbytes) + 1))
-        ws = [inputs.ternary_weight(sh.n, sh.k, seed=i, device="cuda") for i in range(copies)]
-        for m in args.m:
-            x = inputs.activations(m, sh.k, seed=1, device="cuda")
-            graphs, outs, keep = {}, {}, []
-            for lab, fields in args.variants.items():
-                o = [torch.empty(m, sh.n, dtype=x.dtype, device="cuda") for _ in ws]
-                keep.append(o)      # a graph writes these on every replay: alive while it is
-                graphs[lab] = capture([call(x, w, oo, m, fields) for w, oo in zip(ws, o)])
-                outs[lab] = o[0]
-            if args.sol:
-                for lab, pdl in (("SOL read", False), ("SOL read+PDL", True)):
-                    graphs[lab] = capture([read_call(weight_bytes(w), pdl)[0] for w in ws])
-            first = next(iter(outs))
-            s = summary(alternate(graphs, args.rounds, args.reps, copies))
-            report(s, outs, first, nbytes, bw, f"{name} M={m}", "us", 1e6, t0)
-            res["shapes"][f"{name} M={m}"] = s
-            save()
-            del graphs, outs, keep
-        del ws
-        torch.cuda.empty_cache()
+        res["shapes"].update(time_shape(name, shapes[name], args.m, makers, rounds=args.rounds, reps=args.reps,
+                                        sol=args.sol, bw=bw, t0=t0))
+        save()
     if args.no_step:
         return
     order = plan.step_order()
     # each weight scaled by 2^e (fp16 scales, exact) so the chained values stay near unit RMS,
-    # as in the bench's step (pq2verify.bench.step): no inf or NaN along 257 projections
-    step_w, level = [], 0.0
-    for i, nm in enumerate(order):
-        w = inputs.ternary_weight(shapes[nm].n, shapes[nm].k, seed=1000 + i, device="cuda")
-        level += gain_log2(w)
-        e = -round(level)
-        level += e
-        step_w.append(scaled_clone(w, e))
-        del w
+    # with the bench's rule (pq2verify.bench.step.exponents): no inf or NaN along 257 projections
+    step_w = [inputs.ternary_weight(shapes[nm].n, shapes[nm].k, seed=1000 + i, device="cuda")
+              for i, nm in enumerate(order)]
+    gains = {nm: gain_log2(step_w[order.index(nm)]) for nm in set(order)}
+    exps, _ = exponents([(nm, i - 1) for i, nm in enumerate(order)], gains)
+    step_w = [scaled_clone(w, e) for w, e in zip(step_w, exps)]
     total = sum(w.nbytes for w in step_w)
     res["step_bytes"] = total
     for m in args.m:
