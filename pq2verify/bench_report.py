@@ -3,6 +3,8 @@ with a plot beside it (speedup and percent of bandwidth per shape and M). Reads 
 dicts of pq2verify.bench, so a dry run exercises all of it."""
 from pathlib import Path
 
+from .bench.plan import INT8_PEAK_TOPS
+
 DASH = "-"
 
 
@@ -115,7 +117,7 @@ def progress_line(i: int, n: int, row: dict) -> str:
 
 # --- tables as rows of cells (shared by the console and Markdown) -----------------------------
 SHAPE_COLS = ("shape", "M", "A path", "B path", "gate", "A µs", "B µs", "B/A", "BF16 µs", "B/BF16",
-              "B GB/s", "B %BW", "B Top/s", "B SM MHz", "mem MHz", "B power W")
+              "B GB/s", "B %BW", "B Top/s", "B %int8 peak", "B SM MHz", "mem MHz", "B power W")
 STEP_COLS = ("M", "A paths", "B paths", "gate", "A ms", "B ms", "BF16 ms", "floor ms", "A %floor",
              "B %floor", "B/A", "B/BF16", "B SM MHz", "B power W")
 SOL_COLS = ("M", "floor ms", "SOL ms", "SOL %floor", "SOL+PDL ms", "SOL+PDL %floor", "A/SOL", "A/SOL+PDL",
@@ -131,8 +133,14 @@ def shape_cells(row: dict) -> list:
     return [f"{row.get('shape')}", str(row.get("m")), path_cell(row, "a"), path_cell(row, "b"), gate_cell(row),
             time_cell(s.get("a")), time_cell(b), ratio_cell(r.get("b_over_a"), row.get("control")),
             time_cell(bf) if bf else DASH, ratio_cell(r.get("b_over_bf16")), num(b.get("gbps"), 0),
-            pct(b.get("pct_bw")), num(b.get("tops"), 0) if (row.get("m") or 0) > 16 and b.get("tops") else DASH,
-            clock_cell(b), mem_cell(b), power_cell(b)]
+            pct(b.get("pct_bw")), *_tops_cells(row, b), clock_cell(b), mem_cell(b), power_cell(b)]
+
+
+def _tops_cells(row: dict, b: dict) -> list:
+    """Top/s and the fraction of the int8 peak, for prefill rows (M > 16) only."""
+    if (row.get("m") or 0) <= 16 or not b.get("tops"):
+        return [DASH, DASH]
+    return [num(b["tops"], 0), pct(b["tops"] / INT8_PEAK_TOPS)]
 
 
 def step_cells(row: dict) -> list:

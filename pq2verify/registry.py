@@ -166,6 +166,10 @@ PATHS: tuple[Path, ...] = (
                     "at M=512 and 1.01-1.11x at M=2048 on all six Bonsai shapes, bits equal to mmq "
                     "(results/h200/s7/prefill-chooser.log); not yet measured at M=17-256, where mmq "
                     "uses smaller tiles, so not selected (2026-11-30: 0.87x before the packed planes)"),
+    Path("mmq_wgmma", "kernels.mmq_wgmma", "tuned", 17, None, layouts=("prepared",), tol_reason=_OUT,
+         bit_identical_to="mmq", dots_equal_to="mmq", counterpart="mmq",
+         description="prefill on sm_90 (Gluon): TMA ring, warpgroup MMA with the code planes in registers "
+                     "(swapped operands), mmq's fold order; elsewhere its plain-Triton twin"),
     Path("cublas", "kernels.cublas", "legacy", 1, None, weight="dense", layouts=("dense",),
          arithmetic="floating", reference="dense", has_dots=False, tol_reason=_OUT,
          library="cuBLAS (torch.matmul)",

@@ -21,11 +21,17 @@ def _resolve(m, kset, layout="prepared", dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("m,legacy,tuned", [(1, "int_gemv", "gemv"), (2, "int_gemv", "small_mma"),
-                                            (16, "int_gemv", "small_mma"), (17, "mmq", "mmq"),
-                                            (2048, "mmq", "mmq")])
+                                            (16, "int_gemv", "small_mma"), (17, "mmq", "mmq_wgmma"),
+                                            (2048, "mmq", "mmq_wgmma")])
 def test_sets_choose_by_m(m, legacy, tuned):
     assert _resolve(m, "legacy") == legacy
     assert _resolve(m, "tuned") == tuned
+
+
+@pytest.mark.parametrize("m", [17, 2048])
+def test_prefill_on_raw_weights_falls_back_to_mmq(m):
+    """mmq_wgmma reads the prepared layout only (TMA needs the code plane's 16-byte rows)."""
+    assert _resolve(m, "tuned", layout="raw") == "mmq"
 
 
 def test_deselected_tuned_path_stays_reachable_by_its_switch(monkeypatch):

@@ -92,6 +92,15 @@ def lines(run_dir: Path):
     return [json.loads(x) for x in (run_dir / "generations.jsonl").read_text().splitlines()]
 
 
+def _reversed_m() -> str:
+    """The M ranges where legacy and tuned resolve to different paths (the registry's now), as
+    the run records them."""
+    import torch
+    from pq2verify.gsm8k import execute, floor
+    return execute._text_ranges(floor.fold_ranges({"set": "legacy", "paths": {}}, {"set": "tuned", "paths": {}},
+                                                  "cpu", torch.bfloat16))
+
+
 def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
     from kernels import common      # imported first, so its INTERPRET is part of the state compared
     from pq2verify import backend
@@ -106,14 +115,15 @@ def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
     assert (tmp_path / "report.md").read_text().startswith("# GSM8K answer diff")
     assert rep["backend"] == "emulate" and rep["data"]["n"] == 5
     a, b, f, a2 = rep["runs"]
-    assert f["trace"].keys() == a["trace"].keys() and f["fold_reversed_m"] == "1-16"    # the floor: A reordered
+    assert f["trace"].keys() == a["trace"].keys() and f["fold_reversed_m"] == _reversed_m()    # the floor: A reordered
     dec1, dec2 = path_at("tuned", 1), path_at("tuned", 2)                 # B's decode paths (M 1, 2)
-    assert a["teacher_trace"]["b"].keys() == {dec1, dec2}                 # B scored on A's tokens at A's Ms
+    pre = path_at("tuned", 64)                                            # and its prefill path
+    assert a["teacher_trace"]["b"].keys() == {dec1, dec2, pre}            # B scored on A's tokens at A's Ms
     assert rep["teacher"]["b"]["tokens"] == a["summary"]["tokens"] and rep["verdict"]["verdict"]
     # batches of 2, 2, 1: decode M in {1, 2}; the question prefill M > 16
     assert set(a["trace"]) == {"int_gemv", "mmq"}
-    prefill = set(b["trace"]) - {dec1, dec2}                 # mmq_planes, or mmq while it is deselected
-    assert {dec1, dec2} <= set(b["trace"]) and len(prefill) == 1 and prefill <= {"mmq", "mmq_planes"}
+    prefill = set(b["trace"]) - {dec1, dec2}
+    assert {dec1, dec2} <= set(b["trace"]) and prefill == {pre}
     ms = {k: {int(m) for m in v} for k, v in b["m_calls"].items()}       # JSON keys are strings
     assert ms[dec1] == {1} and ms[dec2] == {2} and min(ms[prefill.pop()]) > 16
     for r in (a, b, f, a2):

@@ -15,7 +15,8 @@ def rec(tokens, topk, answer="1", correct=False, teacher=None, decode_m=None):
 
 
 @pytest.mark.parametrize("a,b,want", [
-    ({"set": "legacy", "paths": {}}, {"set": "tuned", "paths": {}}, ((1, 16),)),
+    ({"set": "legacy", "paths": {}}, {"set": "tuned", "paths": {"mmq_wgmma": "off"}}, ((1, 16),)),
+    ({"set": "tuned", "paths": {}}, {"set": "tuned", "paths": {"mmq_wgmma": "off"}}, ((17, None),)),
     ({"set": "tuned", "paths": {}}, {"set": "tuned", "paths": {"gemv": "off"}}, ((1, 1),)),
     ({"set": "tuned", "paths": {}}, {"set": "tuned", "paths": {"small_mma": "off"}}, ((2, 16),)),
     ({"set": "legacy", "paths": {}}, {"set": "legacy", "paths": {}}, ((1, None),)),     # nothing differs: all

@@ -31,6 +31,8 @@ def _main(name):
     ("sm90", ["loop", "--config", '{"SPLIT": 0}'], "argument --config: small_mma: config field SPLIT=0"),
     ("sm90", ["loop", "--module", "no/such.py"], "argument --module: no such file"),
     ("sm90", ["bogus"], "invalid choice: 'bogus'"),
+    ("sm90", ["prefill", "--m", "16"], "argument --m: mmq_wgmma serves M 17+, got 16"),
+    ("sm90", ["prefill", "--config", '{"BN": 96}'], "argument --config: mmq_wgmma: config field BN=96"),
     ("gluon_small_mma", ["compile", "--k", "100"], "argument --k: expected a multiple of 128"),
     ("gluon_small_mma", ["compile", "--m", "17"], "argument --m: small_mma serves M 1-16"),
     ("gluon_small_mma", ["compile", "--n", "100"], "needs masked tiles, which the prototype lacks"),

@@ -5,6 +5,9 @@ for two checks that need no GPU:
     python tools/sm90.py loop --n 34816 --k 5120 --m 16 [--module old_small_mma.py] [--config JSON] [--json]
         small_mma's main loop: instructions per trip and warp-instructions per weight byte (a
         decode call's issue budget at 4.6 TB/s is ~0.23; tests/test_sass_budget.py)
+    python tools/sm90.py prefill --n 34816 --k 5120 --m 2048 [--config JSON] [--json]
+        mmq_wgmma's Gluon kernel: registers, shared memory and its per-group loop (tests/test_mmq_wgmma.py
+        holds it to four MMAs a group, no local memory, and three programs an SM)
     python tools/sm90.py pdl [--json]
         every kernel launched with programmatic dependent launch (gemv, small_mma, the quantize
         kernel): no global write and no read of anything but the weights before
@@ -139,6 +142,29 @@ def pdl_report():
     return out
 
 
+def wgmma_compile(n, k, m, force=None):
+    """(config, compiled) of mmq_wgmma's Gluon kernel for prepared N x K weights and M rows, as
+    run() launches it (its TMA descriptors specialized as the JIT does, from host tensors)."""
+    import torch
+    from triton.runtime.jit import mangle_type
+    from kernels import mmq_wgmma as w
+    cfg = w._resolve(n, k, m, False, force)
+    g, bt, bw = k // 128, cfg["BM"], cfg["BN"]
+    descs = dict(q_desc=w._desc(torch.zeros(m, k, dtype=torch.int8), [bt, 128], w.gl.int8),
+                 c_desc=w._desc(torch.zeros(n, k // 4, dtype=torch.uint8), [bw, 32], w.gl.uint8),
+                 x_desc=w._desc(torch.zeros(g, -(-m // 4) * 4, dtype=torch.float32)[:, :m], [1, bt], w.gl.float32))
+    fn = w._wgmma_kernel
+    sig = {a: mangle_type(d) for a, d in descs.items()}
+    sig.update(s_ptr="*fp16", y_ptr="*bf16", d_ptr="*i32", M="i32", N="i32", stride_ym="i32", scale_off="i32",
+               scale_row="i32")
+    cx = dict(G=g, BT=bt, S=cfg["num_stages"], DOTS=False, num_warps=bw // 16)
+    sig.update({a: "constexpr" for a in cx})
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("s_ptr", "y_ptr", "d_ptr")}
+    kern = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=bw // 16, num_stages=1))
+    return cfg, kern
+
+
 def sass_and_registers(kern):
     """(SASS text, registers per thread) of a compiled kernel, by Triton's bundled cuobjdump."""
     with tempfile.TemporaryDirectory() as d:
@@ -177,13 +203,44 @@ def add_shape_args(parser) -> None:
     parser.add_argument("--m", type=positive_int, default=16, help="1-16")
 
 
-def shape_error(a) -> str | None:
-    """Why add_shape_args' values cannot be compiled for small_mma, or None."""
+def shape_error(a, path: str = "small_mma") -> str | None:
+    """Why add_shape_args' values cannot be compiled for `path`, or None (small_mma's kernel
+    compiles for M 1-16, whatever the registry's range)."""
+    from pq2verify import registry
     if a.k % 128:
         return f"argument --k: expected a multiple of 128 (a Q8 group), got {a.k}"
-    if a.m > 16:
+    if path == "small_mma" and a.m > 16:
         return f"argument --m: small_mma serves M 1-16, got {a.m}"
+    p = registry.get(path)
+    if path != "small_mma" and not p.serves(a.m):
+        return f"argument --m: {path} serves M {p.m_range()}, got {a.m}"
     return None
+
+
+def prefill_report(a, ap):
+    if shape_error(a, "mmq_wgmma"):
+        ap.error(shape_error(a, "mmq_wgmma"))
+    from kernels import mmq_wgmma
+    try:
+        mmq_wgmma.fold(a.n, a.k, a.m, interpret=False, config=a.config)    # each field checked
+    except (ValueError, TypeError) as e:
+        ap.error(f"argument --config: {e}")
+    cfg, kern = wgmma_compile(a.n, a.k, a.m, a.config)
+    sass, regs = sass_and_registers(kern)
+    # the per-group loop: the shortest backward branch around the MMAs (an mbarrier wait's retry
+    # branch can make a longer one around it)
+    body = sorted((dict(first=lo, last=hi, instructions=sum(ops.values()), ops=dict(ops.most_common()))
+                   for lo, hi, ops in loops(sass) if ops.get("IGMMA")), key=lambda b: b["instructions"])[:1]
+    rep = dict(config=cfg, registers=int(regs), shared=kern.metadata.shared, local=len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+               loops=body)
+    if a.json:
+        print(json.dumps(rep))
+        return
+    print(f"config {cfg}; {regs} registers, {rep['shared']} bytes of shared memory, {rep['local']} local-memory "
+          f"instructions")
+    for lp in body:
+        print(f"loop {lp['first']:#x}-{lp['last']:#x}: {lp['instructions']} instructions a group and thread; "
+              f"{dict(list(lp['ops'].items())[:12])}")
 
 
 def main():
@@ -197,7 +254,14 @@ def main():
     lp.add_argument("--json", action="store_true", help="one JSON object instead of text")
     pp = sub.add_parser("pdl", help="the PDL kernels: nothing but weights touched before griddepcontrol.wait")
     pp.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    fp = sub.add_parser("prefill", help="mmq_wgmma's Gluon kernel: registers, shared memory, its loop")
+    add_shape_args(fp)
+    fp.set_defaults(m=2048)
+    fp.add_argument("--config", type=json.loads, default=None, help='fields over the chooser\'s, e.g. \'{"BN": 128}\'')
+    fp.add_argument("--json", action="store_true", help="one JSON object instead of text")
     a = ap.parse_args()
+    if a.cmd == "prefill":
+        return prefill_report(a, ap)
     if a.cmd == "pdl":
         rep = pdl_report()
         if a.json:

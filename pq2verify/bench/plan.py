@@ -33,6 +33,9 @@ TARGET_STEP_M1_VS_BF16 = 8.0
 TARGET_STEP_SMALL_FLOOR = 0.70
 TARGET_PREFILL_VS_BF16 = 1.25
 PREFILL_M = 2048
+# The H200's dense int8 tensor-core peak (Top/s at its 1980 MHz boost): prefill rows give their
+# fraction of it (on another GPU the column still reads against the H200's).
+INT8_PEAK_TOPS = 1979.0
 
 
 @dataclass

@@ -1,0 +1,229 @@
+"""mmq_wgmma (prefill, M >= 17, sm_90, prepared weights): mmq's arithmetic on Hopper's warpgroup
+MMA, in Gluon. The operands are swapped: weight rows are the MMA's M side, fed from registers
+(code plane s minus 1, four bytes at a time, in four instructions; no expansion through shared
+memory), and the Q8 activations in plane order are its N side, read from shared memory. TMA
+stages the code bytes, the activations and their group scales in an S-deep ring.
+
+Per group the MMA gives mmq's integer dot exactly (int32); the fold is common.scale_accumulate's
+expression, acc + dot*xs*ws, groups ascending from 0.0: mmq's FP32 order.
+
+Measured on the H200 and dropped (results/h200/s9): unsigned codes minus the group sum per dot
+(0.80x of signed codes in the registers); the int32 -> fp32 conversion by adding 0x4B400000 and
+subtracting 1.5*2^23 (0.94x); the MMA of one half of the tokens overlapped with the fold of the
+other half (0.78-0.87x: more registers, two programs an SM instead of three); one CTA-wide sync
+per two groups instead of one per group (0.88-0.91x).
+
+Gluon does not run under TRITON_INTERPRET=1: there, and on GPUs other than sm_90 (wgmma is
+Hopper's alone), run() launches _twin_kernel, plain Triton with the same dots and the same fold.
+On the GPU tests/test_mmq_wgmma.py compares the two bit for bit."""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels import common, prepare
+from pq2verify import tiles, validate
+
+@gluon.jit
+def _plane(c, s: gl.constexpr):
+    # code plane s minus 1, four bytes at a time (pack=4): p = (c >> 2s) & 3 per byte, then
+    # (p + 0x7F) ^ 0x80 per byte is p - 1 as int8 (no carry leaves a byte: p <= 2)
+    if s == 0:
+        sh: gl.constexpr = "mov.b32 t, $1;"
+    elif s == 1:
+        sh: gl.constexpr = "shr.b32 t, $1, 2;"
+    elif s == 2:
+        sh: gl.constexpr = "shr.b32 t, $1, 4;"
+    else:
+        sh: gl.constexpr = "shr.b32 t, $1, 6;"
+    return gl.inline_asm_elementwise(
+        "{.reg .b32 t; " + sh + " and.b32 t, t, 0x03030303; add.u32 t, t, 0x7F7F7F7F; xor.b32 $0, t, 0x80808080;}",
+        "=r,r", [c], dtype=gl.int8, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _issue(q_desc, c_desc, x_desc, bar, q_s, c_s, x_s, g, st, off_t, off_w):
+    b = bar.index(st)
+    mbarrier.expect(b, q_desc.block_type.nbytes + c_desc.block_type.nbytes + x_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [off_t, g * 128], b, q_s.index(st))
+    tma.async_copy_global_to_shared(c_desc, [off_w, g * 32], b, c_s.index(st))
+    tma.async_copy_global_to_shared(x_desc, [g, off_t], b, x_s.index(st))
+
+
+@gluon.jit
+def _group(acc, g, S: gl.constexpr, bar, q_s, c_s, x_s, s_ptrs, zero, d_ptr, rows, cols, M, N,
+           G: gl.constexpr, mma: gl.constexpr, la: gl.constexpr, DOTS: gl.constexpr):
+    # group g of stage g % S: four K=32 MMA steps (code plane s against activations s*32..s*32+31,
+    # plane order), waited for, then folded as common.scale_accumulate: acc + dot * xs * ws
+    st = g % S
+    mbarrier.wait(bar.index(st), (g // S) & 1)
+    codes = c_s.index(st).load(la)
+    qb = q_s.index(st)
+    d = warpgroup_mma(_plane(codes, 0), qb.slice(0, 32, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
+    d = warpgroup_mma(_plane(codes, 1), qb.slice(32, 32, dim=1).permute((1, 0)), d, is_async=True)
+    d = warpgroup_mma(_plane(codes, 2), qb.slice(64, 32, dim=1).permute((1, 0)), d, is_async=True)
+    d = warpgroup_mma(_plane(codes, 3), qb.slice(96, 32, dim=1).permute((1, 0)), d, is_async=True)
+    ws = gl.load(s_ptrs + g, mask=rows < N, other=0.0).to(gl.float32)
+    d = warpgroup_mma_wait(num_outstanding=0, deps=[d])
+    xs = x_s.index(st).load(mma)            # [1, BT]
+    if DOTS:
+        d_off = (gl.expand_dims(cols.to(gl.int64), 0) * N + gl.expand_dims(rows, 1)) * G + g
+        gl.store(d_ptr + d_off, d, mask=gl.expand_dims(rows < N, 1) & gl.expand_dims(cols < M, 0))
+    return acc + d.to(gl.float32) * xs * gl.expand_dims(ws, 1)
+
+
+@gluon.jit
+def _wgmma_kernel(q_desc, c_desc, x_desc, s_ptr, y_ptr, d_ptr, M, N, stride_ym, scale_off, scale_row,
+                  G: gl.constexpr, BT: gl.constexpr, S: gl.constexpr, DOTS: gl.constexpr,
+                  num_warps: gl.constexpr):
+    BW: gl.constexpr = 16 * num_warps
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BT, 32])
+    la: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    # program_id(0) walks the token tiles fastest: programs running together share a weight tile
+    off_t = gl.program_id(0) * BT
+    off_w = gl.program_id(1) * BW
+    q_s = gl.allocate_shared_memory(gl.int8, [S, BT, 128], q_desc.layout)
+    c_s = gl.allocate_shared_memory(gl.uint8, [S, BW, 32], c_desc.layout)
+    x_s = gl.allocate_shared_memory(gl.float32, [S, 1, BT], x_desc.layout)
+    bar = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(S):
+        mbarrier.init(bar.index(i), count=1)
+    fence_async_shared()
+    for i in gl.static_range(S):
+        if i < G:
+            _issue(q_desc, c_desc, x_desc, bar, q_s, c_s, x_s, i, i, off_t, off_w)
+
+    rows = off_w + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
+    cols = off_t + gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+    s_ptrs = s_ptr + scale_off + rows.to(gl.int64) * scale_row
+    acc = gl.zeros([BW, BT], gl.float32, mma)
+    zero = gl.zeros([BW, BT], gl.int32, mma)
+    for g in range(G):
+        acc = _group(acc, g, S, bar, q_s, c_s, x_s, s_ptrs, zero, d_ptr, rows, cols, M, N, G, mma, la, DOTS)
+        gl.thread_barrier()   # every warp is done with stage g % S before TMA refills it
+        if g + S < G:
+            _issue(q_desc, c_desc, x_desc, bar, q_s, c_s, x_s, g + S, g % S, off_t, off_w)
+    for i in gl.static_range(S):
+        mbarrier.invalidate(bar.index(i))
+    y_ptrs = y_ptr + gl.expand_dims(cols.to(gl.int64), 0) * stride_ym + gl.expand_dims(rows, 1)
+    gl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(rows < N, 1) & gl.expand_dims(cols < M, 0))
+
+
+@triton.jit
+def _twin_kernel(q_ptr, xs_ptr, sg, c_ptr, s_ptr, y_ptr, d_ptr, M, N, stride_ym, scale_off, scale_row,
+                 G: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, DOTS: tl.constexpr, INTERP: tl.constexpr):
+    # the Gluon kernel's arithmetic in plain Triton: [BW, BT] tiles, signed plane dots, the same fold
+    rows = tl.program_id(1) * BW + tl.arange(0, BW)
+    cols = tl.program_id(0) * BT + tl.arange(0, BT)
+    rmask = rows < N
+    cmask = cols < M
+    b = tl.arange(0, 32)
+    acc = tl.zeros((BW, BT), dtype=tl.float32)
+    for g in range(G):
+        codes = tl.load(c_ptr + rows.to(tl.int64)[:, None] * (G * 32) + g * 32 + b[None, :], mask=rmask[:, None],
+                        other=0x55)
+        d = tl.zeros((BW, BT), dtype=tl.int32)
+        for s in tl.static_range(4):
+            qs = tl.load(q_ptr + cols.to(tl.int64)[None, :] * (G * 128) + g * 128 + s * 32 + b[:, None],
+                         mask=cmask[None, :], other=0)                      # [32, BT]
+            d = tl.dot(common.code_plane(codes, s, INTERP) - 1, qs, d, out_dtype=tl.int32)
+        xs = tl.load(xs_ptr + g * sg + cols, mask=cmask, other=0.0)
+        ws = tl.load(s_ptr + scale_off + rows.to(tl.int64) * scale_row + g, mask=rmask, other=0.0).to(tl.float32)
+        acc = common.scale_accumulate(acc, d, xs[None, :], ws[:, None])
+        if DOTS:
+            tl.store(d_ptr + (cols.to(tl.int64)[None, :] * N + rows[:, None]) * G + g, d,
+                     mask=rmask[:, None] & cmask[None, :])
+    tl.store(y_ptr + cols.to(tl.int64)[None, :] * stride_ym + rows[:, None],
+             prepare.to_out(acc, y_ptr.dtype.element_ty, INTERP), mask=rmask[:, None] & cmask[None, :])
+
+
+# BM: tokens a tile (the MMA's N side), BN: weight rows (its M side: 16 a warp, one warpgroup per
+# 64), num_stages: the TMA ring's depth.
+FIELDS = {"BM": tiles.pow2(64, 128), "BN": tiles.pow2(64, 128), "num_stages": tiles.integer(2)}
+
+
+def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
+    """{BM, BN, num_stages} from shapes only (num_warps = BN / 16); the interpreter's
+    twin reads BM and BN alone."""
+    return dict(_config(min(triton.next_power_of_2(m), 4096), common.INTERPRET if interpret is None else bool(interpret)))
+
+
+@functools.lru_cache(maxsize=None)
+def _config(m, interpret):
+    # H200, M = 2048, the six Bonsai shapes (results/h200/s9): BN 64 (three programs an SM)
+    # beat BN 128 by 1.2-1.3x and BM 64 by 1.2x; 2, 3 and 4 stages were within 1%.
+    return dict(BM=64 if m <= 64 else 128, BN=64, num_stages=4)
+
+
+def configs(interpret: bool) -> list[dict]:
+    """Every distinct config config() picks (pq2verify.tiles)."""
+    return tiles.sweep("mmq_wgmma", lambda n, k, m: config(n, k, m, interpret))
+
+
+def _resolve(n, k, m, interpret, cfg) -> dict:
+    return tiles.force("mmq_wgmma", config(n, k, m, interpret), cfg, FIELDS)
+
+
+def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
+    """mmq's FP32 order whatever the tiles: one split, one lane, groups ascending from 0.0."""
+    _resolve(n, k, m, interpret, config)
+    return dict(groups_per_split=k // 128, lanes=1, splits=1)
+
+
+def _by_group(v):
+    """[M, G] -> [G, M] (one group's scales for a tile of tokens are one TMA box), rows padded to
+    16 bytes as TMA needs; the view keeps the logical shape [G, M]."""
+    m, g = v.shape
+    buf = v.new_empty(g, -(-m // 4) * 4)
+    buf[:, :m] = v.t()
+    return buf[:, :m]
+
+
+def _hopper(device) -> bool:
+    return not common.INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _desc(t, block, dtype):
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def _launch(x, w, out, dots, check, config, gluon_kernel: bool):
+    y = validate.kernel_out("mmq_wgmma", x, w, out, dots, check)
+    m, n = y.shape
+    if m == 0 or n == 0:
+        return y
+    cfg = _resolve(n, w.k, m, None, config)
+    q, xs, _ = prepare.quantize_q8(x, order="plane")
+    xs_t = _by_group(xs)
+    bt, bw = cfg["BM"], cfg["BN"]
+    st = w.strides
+    grid = (triton.cdiv(m, bt), triton.cdiv(n, bw))
+    dd = dots if dots is not None else y
+    if gluon_kernel:
+        codes = w.codes_u8[: n * w.k // 4].view(n, w.k // 4)
+        _wgmma_kernel[grid](_desc(q, [bt, 128], gl.int8), _desc(codes, [bw, 32], gl.uint8),
+                            _desc(xs_t, [1, bt], gl.float32), w.scales_f16, y, dd, m, n, y.stride(0),
+                            st["scale_off"], st["scale_row"], G=w.groups, BT=bt, S=cfg["num_stages"],
+                            DOTS=dots is not None, num_warps=bw // 16)
+    else:
+        _twin_kernel[grid](q, xs_t, xs_t.stride(0), w.codes_u8, w.scales_f16, y, dd, m, n, y.stride(0),
+                           st["scale_off"], st["scale_row"], G=w.groups, BT=bt, BW=bw,
+                           DOTS=dots is not None, INTERP=common.INTERPRET, num_warps=bw // 16)
+    return y
+
+
+def run(x, w, *, out=None, dots=None, check=True, config=None):
+    """The Gluon kernel on sm_90, its twin elsewhere (the interpreter, other GPUs)."""
+    return _launch(x, w, out, dots, check, config, _hopper(x.device))
+
+
+def twin(x, w, *, out=None, dots=None, check=True, config=None):
+    """The twin wherever it runs (on the GPU too: tests/test_mmq_wgmma.py compares the two)."""
+    return _launch(x, w, out, dots, check, config, False)
