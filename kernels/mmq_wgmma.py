@@ -150,13 +150,12 @@ FIELDS = {"BM": tiles.pow2(64, 128), "BN": tiles.pow2(64, 128), "num_stages": ti
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
-    """{BM, BN, num_stages} from shapes only (num_warps = BN / 16); the interpreter's
-    twin reads BM and BN alone."""
-    return dict(_config(min(triton.next_power_of_2(m), 4096), common.INTERPRET if interpret is None else bool(interpret)))
+    """{BM, BN, num_stages} from shapes only, the same on the interpreter (num_warps = BN / 16;
+    the twin reads BM and BN alone)."""
+    return _config(min(triton.next_power_of_2(m), 4096))
 
 
-@functools.lru_cache(maxsize=None)
-def _config(m, interpret):
+def _config(m):
     # H200, M = 2048, the six Bonsai shapes (results/h200/s9): BN 64 (three programs an SM)
     # beat BN 128 by 1.2-1.3x and BM 64 by 1.2x; 2, 3 and 4 stages were within 1%.
     return dict(BM=64 if m <= 64 else 128, BN=64, num_stages=4)
@@ -187,11 +186,28 @@ def _by_group(v):
 
 
 def _hopper(device) -> bool:
-    return not common.INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    if common.INTERPRET or device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] == 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int):
+    # once per GPU: run() asks on every call
+    return torch.cuda.get_device_capability(index)
 
 
 def _desc(t, block, dtype):
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def kernel_args(q, codes, xs_t, groups: int, cfg: dict, dots: bool) -> tuple[dict, dict]:
+    """(TMA descriptors, constexprs) of _wgmma_kernel for Q8 activations q [M, K], code bytes
+    [N, K/4] and scales [G, M]: what run() launches with, and what tools/sm90.py compiles."""
+    bt, bw = cfg["BM"], cfg["BN"]
+    descs = dict(q_desc=_desc(q, [bt, 128], gl.int8), c_desc=_desc(codes, [bw, 32], gl.uint8),
+                 x_desc=_desc(xs_t, [1, bt], gl.float32))
+    return descs, dict(G=groups, BT=bt, S=cfg["num_stages"], DOTS=dots, num_warps=bw // 16)
 
 
 def _launch(x, w, out, dots, check, config, gluon_kernel: bool):
@@ -207,11 +223,10 @@ def _launch(x, w, out, dots, check, config, gluon_kernel: bool):
     grid = (triton.cdiv(m, bt), triton.cdiv(n, bw))
     dd = dots if dots is not None else y
     if gluon_kernel:
-        codes = w.codes_u8[: n * w.k // 4].view(n, w.k // 4)
-        _wgmma_kernel[grid](_desc(q, [bt, 128], gl.int8), _desc(codes, [bw, 32], gl.uint8),
-                            _desc(xs_t, [1, bt], gl.float32), w.scales_f16, y, dd, m, n, y.stride(0),
-                            st["scale_off"], st["scale_row"], G=w.groups, BT=bt, S=cfg["num_stages"],
-                            DOTS=dots is not None, num_warps=bw // 16)
+        descs, consts = kernel_args(q, w.codes_u8[: n * w.k // 4].view(n, w.k // 4), xs_t, w.groups, cfg,
+                                    dots is not None)
+        _wgmma_kernel[grid](*descs.values(), w.scales_f16, y, dd, m, n, y.stride(0), st["scale_off"],
+                            st["scale_row"], **consts)
     else:
         _twin_kernel[grid](q, xs_t, xs_t.stride(0), w.codes_u8, w.scales_f16, y, dd, m, n, y.stride(0),
                            st["scale_off"], st["scale_row"], G=w.groups, BT=bt, BW=bw,

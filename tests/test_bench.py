@@ -136,6 +136,16 @@ def test_blocked_side_is_never_timed(fakes):
     assert any("fake_wrong" in line for line in bench_report.blocked_lines({"rows": [row]}))
 
 
+def test_prefill_rows_give_top_s_and_the_int8_peak_fraction():
+    """Top/s and its fraction of plan.INT8_PEAK_TOPS for M > 16 only (decode rows are bandwidth)."""
+    row = {"kind": "shape", "shape": "gate_up", "m": 2048, "sides": {"b": {"tops": 989.5}}, "ratios": {}}
+    cells = dict(zip(bench_report.SHAPE_COLS, bench_report.shape_cells(row)))
+    assert (cells["B Top/s"], cells["B %int8 peak"]) == ("990", "50%")       # 989.5 / 1979
+    row["m"] = 16
+    cells = dict(zip(bench_report.SHAPE_COLS, bench_report.shape_cells(row)))
+    assert (cells["B Top/s"], cells["B %int8 peak"]) == ("-", "-")
+
+
 def test_a_passing_pair_is_timed_and_compared(fakes):
     env = GatedFakeTime({"legacy": "fake_right", "tuned": "fake_right"})
     row = bench.run_shape(env, Config(pairs=7, warmup=1), Item("shape", 1, SMALL), bw=4000.0)

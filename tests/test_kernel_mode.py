@@ -31,6 +31,23 @@ def test_a_kernel_module_imported_in_the_other_mode_is_named():
     assert "kernels.prepare.INTERPRET = False (kernels.common says True)" in found
 
 
+GLUON = """
+from pq2verify import backend
+backend.select("cpu")
+import kernels.common, kernels.mmq_wgmma
+assert kernels.mmq_wgmma._wgmma_kernel.is_gluon() and kernels.common.INTERPRET
+print(backend.mixed_kernels())
+"""
+
+
+def test_gluon_functions_are_not_named_as_the_other_mode():
+    """A gluon.jit function is never interpreted: under the interpreter it is still a (Gluon)
+    JITFunction, and that is not a kernel imported in the wrong mode."""
+    r = subprocess.run([sys.executable, "-c", GLUON], capture_output=True, text=True, cwd=provenance.ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
+
+
 def test_the_cpu_backend_is_switched_for_a_block_only():
     assert backend.cpu_backend() == "interpreter"
     try:

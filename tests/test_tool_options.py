@@ -24,6 +24,8 @@ def _main(name):
     ("prefill_sweep", ["--m", "512,-1"], "argument --m: expected an integer >= 1"),
     ("prefill_sweep", ["--shapes", ","], "unknown shape none"),
     ("prefill_sweep", ["--variants", '[{"BM": 3}]'], "BM=3"),
+    ("prefill_sweep", ["--path", "gemv"], "gemv: not a prefill path of PQ2 weights (serves M 1)"),
+    ("prefill_sweep", ["--path", "nosuch"], "unknown path 'nosuch'"),
     ("prefill_sweep", ["--variants", '{"BM": 64}'], "expected a JSON list of objects"),
     ("sm90", ["loop", "--k", "100"], "argument --k: expected a multiple of 128"),
     ("sm90", ["loop", "--m", "17"], "argument --m: small_mma serves M 1-16"),

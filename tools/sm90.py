@@ -143,25 +143,24 @@ def pdl_report():
 
 
 def wgmma_compile(n, k, m, force=None):
-    """(config, compiled) of mmq_wgmma's Gluon kernel for prepared N x K weights and M rows, as
-    run() launches it (its TMA descriptors specialized as the JIT does, from host tensors)."""
+    """(config, compiled) of mmq_wgmma's Gluon kernel for prepared N x K weights and M rows, with
+    the descriptors and constexprs run() launches it with (mmq_wgmma.kernel_args), specialized as
+    the JIT does."""
     import torch
     from triton.runtime.jit import mangle_type
     from kernels import mmq_wgmma as w
     cfg = w._resolve(n, k, m, False, force)
-    g, bt, bw = k // 128, cfg["BM"], cfg["BN"]
-    descs = dict(q_desc=w._desc(torch.zeros(m, k, dtype=torch.int8), [bt, 128], w.gl.int8),
-                 c_desc=w._desc(torch.zeros(n, k // 4, dtype=torch.uint8), [bw, 32], w.gl.uint8),
-                 x_desc=w._desc(torch.zeros(g, -(-m // 4) * 4, dtype=torch.float32)[:, :m], [1, bt], w.gl.float32))
+    g = k // 128
+    descs, cx = w.kernel_args(torch.zeros(m, k, dtype=torch.int8), torch.zeros(n, k // 4, dtype=torch.uint8),
+                              torch.zeros(g, -(-m // 4) * 4, dtype=torch.float32)[:, :m], g, cfg, False)
     fn = w._wgmma_kernel
     sig = {a: mangle_type(d) for a, d in descs.items()}
     sig.update(s_ptr="*fp16", y_ptr="*bf16", d_ptr="*i32", M="i32", N="i32", stride_ym="i32", scale_off="i32",
                scale_row="i32")
-    cx = dict(G=g, BT=bt, S=cfg["num_stages"], DOTS=False, num_warps=bw // 16)
     sig.update({a: "constexpr" for a in cx})
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("s_ptr", "y_ptr", "d_ptr")}
     kern = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=bw // 16, num_stages=1))
+                          options=dict(num_warps=cx["num_warps"], num_stages=1))
     return cfg, kern
 
 
@@ -203,23 +202,22 @@ def add_shape_args(parser) -> None:
     parser.add_argument("--m", type=positive_int, default=16, help="1-16")
 
 
-def shape_error(a, path: str = "small_mma") -> str | None:
-    """Why add_shape_args' values cannot be compiled for `path`, or None (small_mma's kernel
-    compiles for M 1-16, whatever the registry's range)."""
-    from pq2verify import registry
+def shape_error(a, name: str = "small_mma", lo: int = 1, hi: int | None = 16) -> str | None:
+    """Why add_shape_args' values cannot be compiled for the kernel `name`, which compiles for
+    M in lo..hi (hi None: no bound), or None. small_mma's kernel compiles for M 1-16."""
     if a.k % 128:
         return f"argument --k: expected a multiple of 128 (a Q8 group), got {a.k}"
-    if path == "small_mma" and a.m > 16:
-        return f"argument --m: small_mma serves M 1-16, got {a.m}"
-    p = registry.get(path)
-    if path != "small_mma" and not p.serves(a.m):
-        return f"argument --m: {path} serves M {p.m_range()}, got {a.m}"
+    if a.m < lo or (hi is not None and a.m > hi):
+        return f"argument --m: {name} serves M {f'{lo}+' if hi is None else f'{lo}-{hi}'}, got {a.m}"
     return None
 
 
 def prefill_report(a, ap):
-    if shape_error(a, "mmq_wgmma"):
-        ap.error(shape_error(a, "mmq_wgmma"))
+    from pq2verify import registry
+    p = registry.get("mmq_wgmma")
+    why = shape_error(a, p.name, p.m_min, p.m_max)
+    if why:
+        ap.error(why)
     from kernels import mmq_wgmma
     try:
         mmq_wgmma.fold(a.n, a.k, a.m, interpret=False, config=a.config)    # each field checked
