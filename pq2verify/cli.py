@@ -33,16 +33,39 @@ def _ints_at_least(lo: int):
     one = _int_at_least(lo)
 
     def parse(s: str) -> list[int]:
-        vals = [v.strip() for v in s.split(",") if v.strip()]
-        if not vals:
+        vals = [v.strip() for v in s.split(",")]
+        if not s.strip() or any(not v for v in vals):
             raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {lo}, got {s!r}")
-        return [one(v) for v in vals]
+        out = [one(v) for v in vals]
+        dup = sorted({v for v in out if out.count(v) > 1})
+        if dup:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(str, dup))} given twice in {s!r}")
+        return out
     return parse
 
 
 # comma-separated lists of them (e.g. --m 1,17, --positions 0,32)
 positive_ints = _ints_at_least(1)
 nonneg_ints = _ints_at_least(0)
+
+
+def nonempty(s: str) -> str:
+    """argparse type: any value but an empty one (an empty value would silently mean 'all' or
+    'none')."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError("expected a value, got an empty string")
+    return s
+
+
+def names(s: str) -> list[str]:
+    """argparse type: a comma-separated list of names, none empty, none twice (`--paths a,b`)."""
+    vals = [v.strip() for v in s.split(",")]
+    if not s.strip() or any(not v for v in vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {s!r}")
+    dup = sorted({v for v in vals if vals.count(v) > 1})
+    if dup:
+        raise argparse.ArgumentTypeError(f"{', '.join(dup)} given twice in {s!r}")
+    return vals
 
 
 def existing_file(path: str) -> str:
@@ -128,7 +151,7 @@ def list_paths() -> str:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    from . import backend, dispatch
+    from . import backend, dispatch, outputs
     try:
         backend.select(args.device)
     except (RuntimeError, ValueError) as e:
@@ -160,6 +183,10 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"pq2verify {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except outputs.WriteError as e:
+        print(f"pq2verify {args.command}: error: {e}\n  the verdict printed above stands; exit "
+              f"{outputs.EXIT_WRITE} means an output could not be written", file=sys.stderr)
+        return outputs.EXIT_WRITE
     except KeyboardInterrupt:
         print("pq2verify: interrupted; results written so far are kept", file=sys.stderr)
         return 130
