@@ -38,7 +38,7 @@ def no_work(monkeypatch):
     (["--m", "0"], "argument --m: expected an integer >= 1, got '0'"),
     (["--m", "-1"], "argument --m: expected an integer >= 1, got '-1'"),
     (["--m", "abc"], "argument --m: expected an integer >= 1, got 'abc'"),
-    (["--m", "1,,x"], "argument --m: expected an integer >= 1, got 'x'"),
+    (["--m", "1,,x"], "argument --m: expected comma-separated integers >= 1, got '1,,x'"),
     (["--layout", "bogus"], "--layout: unknown 'bogus'; expected one of raw, prepared, dense"),
     (["--dtype", "fp32"], "--dtype: unknown 'fp32'; expected one of bf16, fp16"),
     (["--paths", "bogus"], "--paths: unknown 'bogus'"),
