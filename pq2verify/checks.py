@@ -19,6 +19,14 @@ from .cases import check_cases as cases  # noqa: F401
 _seeded = seeded
 REF_ROWS = 256            # reference rows sampled on large shapes (all rows when N is smaller)
 
+# The typed name of each check, recorded beside every failure (Result.failed) so a reader (the
+# selftest's table, a test) learns which verdict fell without parsing its English message.
+WRITTEN, RMS_QUANTIZED, RMS_DENSE, PER_ELEMENT = "written", "rms quantized", "rms dense", "per-element"
+DOTS, CLAIM, DETERMINISM, BATCH, NAN, GUARD = ("dots", "exactness claim", "determinism", "batch invariance",
+                                              "nan propagation", "guard band")
+ERROR = "error"          # the case raised: no verdict on the kernel
+CHECK_NAMES = (WRITTEN, RMS_QUANTIZED, RMS_DENSE, PER_ELEMENT, DOTS, CLAIM, DETERMINISM, BATCH, NAN, GUARD, ERROR)
+
 
 @dataclass
 class Result:
@@ -39,13 +47,17 @@ class Result:
     batch_invariant: bool | None = None
     nan_exact: bool | None = None       # a planted NaN made exactly the reference's NaN outputs
     failures: list = field(default_factory=list)
+    failed: list = field(default_factory=list)   # CHECK_NAMES entry of each failure, same order
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
-    def fail(self, what: str) -> None:
+    def fail(self, what: str, check: str = ERROR) -> None:
+        if check not in CHECK_NAMES:
+            raise ValueError(f"unknown check {check!r}; expected one of {', '.join(CHECK_NAMES)}")
         self.failures.append(what)
+        self.failed.append(check)
 
     def message(self) -> str:
         return (f"{self.case.id}: " + "; ".join(self.failures) + f"\n  reproduce: {self.case.repro()}"
@@ -234,7 +246,8 @@ def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
         r.fail(f"per-element bound: {int((ratio > 1.0).sum())} of {ratio.size} outputs outside it (worst "
                f"{r.elem_ratio:.3g}x); first y[{i}, {int(inp.rows[j])}] = {ys[i, j]!r} vs FP64 {ref[i, j]!r}, "
                f"off by {err[i, j]:.3g} > {bound[i, j]:.3g} (fold allowance {f[i, j]:.3g} + half a "
-               f"{str(dt).replace('torch.', '')} spacing); max {r.max_ulp} ulp from the reference rounded once")
+               f"{str(dt).replace('torch.', '')} spacing); max {r.max_ulp} ulp from the reference rounded once",
+               PER_ELEMENT)
 
 
 def _batch(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
@@ -251,7 +264,7 @@ def _batch(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
         j = int(diff[0])
         r.fail(f"not batch invariant: row {i} changed in {diff.numel()} of {y.shape[1]} outputs when the "
                f"other {m - 1} rows were replaced by {c.kind} activations of seed {seed2}; first at "
-               f"n={j}: {float(y2[i, j])!r} vs {float(y[i, j])!r}")
+               f"n={j}: {float(y2[i, j])!r} vs {float(y[i, j])!r}", BATCH)
 
 
 def _nan(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
@@ -279,9 +292,10 @@ def _nan(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
     if wrong.size:
         n = int(rows[wrong[0]])
         r.fail(f"NaN propagation: {where}: {wrong.size} of {rows.numel()} outputs of row {i} disagree with "
-               f"the FP64 reference on NaN; first n={n}: {float(y2[i, n])!r}, reference {ref[wrong[0]]!r}")
+               f"the FP64 reference on NaN; first n={n}: {float(y2[i, n])!r}, reference {ref[wrong[0]]!r}", NAN)
     if moved.numel():
-        r.fail(f"NaN propagation: {where} changed {moved.numel()} other row(s), first row {others[int(moved[0])]}")
+        r.fail(f"NaN propagation: {where} changed {moved.numel()} other row(s), first row "
+               f"{others[int(moved[0])]}", NAN)
 
 
 def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "batch", "nan"),
@@ -300,7 +314,8 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
     r.written = not bool(torch.isnan(y).any()) if finite_x else None
     if r.written is False:
         bad = int(torch.isnan(y).any(1).sum())
-        r.fail(f"output not written: NaN left in {bad} of {y.shape[0]} rows (outputs were pre-filled with NaN)")
+        r.fail(f"output not written: NaN left in {bad} of {y.shape[0]} rows (outputs were pre-filled with NaN)",
+               WRITTEN)
     ys = y[:, inp.rows.to(y.device)].double().cpu().numpy()
     dt = DTYPES[c.dtype]
     if "rms" in checks:
@@ -314,7 +329,8 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
             setattr(r, f"rel_rms_{which}", err)
             setattr(r, f"tol_{which}", tol)
             if not err <= tol:
-                r.fail(f"relative RMS vs {which} FP64 reference {err:.3g} > tolerance {tol:.3g}")
+                r.fail(f"relative RMS vs {which} FP64 reference {err:.3g} > tolerance {tol:.3g}",
+                       RMS_QUANTIZED if which == "quantized" else RMS_DENSE)
         if finite_x:
             _elementwise(r, p, inp, y, dt)
     if "exact" in checks:
@@ -325,7 +341,7 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
             if not r.dots_exact:
                 m_, n_, g_ = (int(i) for i in np.argwhere(got != want)[0])
                 r.fail(f"integer group dots differ from the exact reference (first at m={m_}, "
-                       f"n={int(inp.rows[n_])}, group {g_}: {got[m_, n_, g_]} != {want[m_, n_, g_]})")
+                       f"n={int(inp.rows[n_])}, group {g_}: {got[m_, n_, g_]} != {want[m_, n_, g_]})", DOTS)
         other = p.bit_identical_to or p.dots_equal_to
         if other is not None and registry.get(other).serves(c.m):
             q = registry.get(other)
@@ -337,7 +353,7 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
                 r.claim = f"dots == {other}"
                 r.claim_held = bool(torch.equal(dots, d2))
             if not r.claim_held:
-                r.fail(f"exactness claim '{r.claim}' does not hold")
+                r.fail(f"exactness claim '{r.claim}' does not hold", CLAIM)
     if "determinism" in checks and p.deterministic:
         ref_bits = bits(y)
         same = True
@@ -347,12 +363,12 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
         r.deterministic = same
         if not same:
             r.fail(f"not deterministic: {reruns} reruns did not all give identical bytes "
-                   "(the first run also wrote group dots)")
+                   "(the first run also wrote group dots)", DETERMINISM)
     if "batch" in checks and p.batch_invariant and c.m >= 2:
         _batch(r, c, p, inp, y, kernel, guards)
     if "nan" in checks and finite_x:
         _nan(r, c, p, inp, y, kernel, guards)
     r.guards_intact = not guards
     for g in guards:
-        r.fail(g)
+        r.fail(g, GUARD)
     return r

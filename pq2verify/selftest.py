@@ -219,22 +219,6 @@ def golden_entry(g: golden.Golden, p: registry.Path) -> dict | None:
 
 
 # --- running the checks ---------------------------------------------------------------------
-# evaluate's failure messages by how they start; a guard-band message names its buffer first
-LABELS = (("output not written", "written"), ("relative RMS", "rms"), ("per-element", "per-element"),
-          ("integer group dots", "dots"), ("exactness claim", "exactness claim"),
-          ("not deterministic", "determinism"), ("not batch invariant", "batch invariance"),
-          ("NaN propagation", "nan propagation"))
-
-
-def label(failure: str) -> str:
-    for key, name in LABELS:
-        if failure.startswith(key):
-            return name
-    if "written outside its extent" in failure:
-        return "guard band"
-    return "evaluate: " + failure.split(":")[0][:40]
-
-
 @dataclass
 class Verdict:
     fault: str
@@ -300,7 +284,7 @@ def _inert(ctx: Context, fault: Fault) -> str:
 # returns (check, message) for every failure.
 def _evaluate(ctx, kernel) -> list:
     r = checks.evaluate(ctx.case, ctx.device, kernel=kernel, reruns=RERUNS, inp=ctx.inp)
-    return [(label(f), f) for f in r.failures]
+    return list(zip(r.failed, r.failures))     # the check's typed name (checks.CHECK_NAMES)
 
 
 def _golden(ctx, kernel) -> list:
