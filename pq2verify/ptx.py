@@ -9,7 +9,9 @@ violation shows only when the two grids happen to overlap; in the PTX it is cert
 the straight-line code before the first wait (conservatively: in an inline-asm block `{...}`
 every register takes the union of the block's), and reports each global memory access there
 whose address comes from a parameter outside `allowed`, and each global write or atomic there
-at all."""
+at all. The wait must be reached on every path: a branch, call, return or exit before it, or a
+guarded (predicated) wait, is itself a violation (a wait taken only in some configs or
+programs, e.g. only when the kernel splits, would otherwise prove nothing for the others)."""
 import re
 
 _PARAM = re.compile(r"\[(\w+_param_(\d+))\]")
@@ -17,6 +19,7 @@ _REG = re.compile(r"%[a-z]+\d+")
 _GUARD = re.compile(r"^@!?%p\d+\s+")
 _LOADS = ("ld.global", "ld.volatile.global", "cp.async", "prefetch.global")
 _WRITES = ("st.global", "st.volatile.global", "atom.", "red.", "multimem.", "cp.reduce", "st.async")
+_FLOW = re.compile(r"^(?:bra|brx|call|ret|exit)\b")
 
 
 def statements(ptx: str, entry: str) -> list[str]:
@@ -57,12 +60,16 @@ def before_wait(ptx: str, entry: str, params: list[str], allowed: set[str]) -> l
     def of(regs):
         return set().union(*(taint.get(r, set()) for r in regs))
     for stmt in statements(ptx, entry):
-        if "griddepcontrol.wait" in stmt:
+        parts = [x.strip() for x in stmt.strip("{} ").split(";") if x.strip()] if stmt.startswith("{") else [stmt]
+        waits = [x for x in parts if "griddepcontrol.wait" in x]
+        if waits:
+            if any(_GUARD.match(x) for x in waits):
+                return bad + [f"{entry}: griddepcontrol.wait is predicated, so some threads may skip it: {stmt}"]
             return bad
         s = _GUARD.sub("", stmt)
         if s.startswith("{"):
             # inline asm: its statements, if any touch global memory, judged one by one
-            inner = [_GUARD.sub("", x.strip()) for x in s.strip("{} ").split(";") if x.strip()]
+            inner = [_GUARD.sub("", x) for x in parts]
             for x in inner:
                 bad += _judge(x, of, allowed)
             regs = _REG.findall(s)
@@ -83,6 +90,8 @@ def before_wait(ptx: str, entry: str, params: list[str], allowed: set[str]) -> l
 
 
 def _judge(stmt: str, of, allowed: set[str]) -> list[str]:
+    if _FLOW.match(stmt):
+        return [f"control flow before griddepcontrol.wait (the wait may be skipped on some path): {stmt}"]
     if stmt.startswith(_WRITES):
         return [f"global write before griddepcontrol.wait (address from {sorted(of(_addresses(stmt))) or 'no parameter'}): {stmt}"]
     if stmt.startswith(_LOADS):

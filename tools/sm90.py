@@ -8,10 +8,12 @@ for two checks that need no GPU:
     python tools/sm90.py prefill --n 34816 --k 5120 --m 2048 [--config JSON] [--json]
         mmq_wgmma's Gluon kernel: registers, shared memory and its per-group loop (tests/test_mmq_wgmma.py
         holds it to four MMAs a group, no local memory, and three programs an SM)
-    python tools/sm90.py pdl [--json]
+    python tools/sm90.py pdl [--json] [--module small_mma=FILE] [--old-list]
         every kernel launched with programmatic dependent launch (gemv, small_mma, the quantize
-        kernel): no global write and no read of anything but the weights before
-        griddepcontrol.wait (pq2verify.ptx; tests/test_pdl_order.py)
+        kernel), once per compiled specialization, for every shape and M the bench, the GPU
+        check and the GSM8K model run (single-split included): no global write and no read of
+        anything but the weights before griddepcontrol.wait (pq2verify.ptx;
+        tests/test_pdl_order.py); exit 1 on a violation
 
 Run it with TRITON_INTERPRET unset: the interpreter's kernels do not compile.
 """
@@ -22,6 +24,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -37,14 +40,14 @@ SMALL_MMA_PTRS = dict(q_ptr="*i8", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*u8"
             part_ptr="*fp32", count_ptr="*i32", dots_ptr="*i32")
 
 
-def load(path):
-    """kernels.small_mma, or another version of that file (e.g. `git show REV:kernels/small_mma.py`)
-    loaded as a module of the kernels package, so its relative imports resolve."""
+def load(path, name: str = "small_mma"):
+    """kernels.<name> (small_mma by default), or another version of that file (e.g. `git show
+    REV:kernels/small_mma.py`) loaded as a module of the kernels package, so its relative
+    imports resolve."""
     if path is None:
-        from kernels import small_mma
-        return small_mma
+        return importlib.import_module(f"kernels.{name}")
     import kernels  # noqa: F401  (the package its relative imports name)
-    spec = importlib.util.spec_from_file_location("kernels.small_mma_under_test", path)
+    spec = importlib.util.spec_from_file_location(f"kernels.{name}_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -75,69 +78,187 @@ def compile_sm90(fn, ptrs: dict, ints: dict, consts: dict, num_warps: int, num_s
     return kern, params
 
 
-def small_mma_launch(mod, n, k, m, force=None):
-    """(config, compile_sm90 arguments) of small_mma's kernel on prepared weights N x K, M rows."""
+def small_mma_launch(mod, n, k, m, force=None, dtype="bf16", layout="prepared"):
+    """(config, compile_sm90 arguments, options) of small_mma's kernel on N x K weights in
+    `layout`, M rows of `dtype`, as run() launches it."""
     cfg = {**mod.config(n, k, m, interpret=False), **(force or {})}
     g = k // 128
+    split, out = cfg["SPLIT"], f"*{dtype}"
+    # run(): partials and counters only when it splits (else out and the sums stand in), and
+    # out for the dots it does not write
+    ptrs = {**SMALL_MMA_PTRS, "out_ptr": out, "dots_ptr": out}
+    if split == 1:
+        ptrs.update(part_ptr=out, count_ptr="*i32")
+    prepared = layout == "prepared"
     ints = dict(q_sm=k, xs_sm=g, t_sm=g, out_sm=n, out_sn=1, d_sm=0, d_sn=0, d_sg=0, M=m, N=n, G=g,
-                **layout_strides(n, k, "prepared"))
-    consts = dict(BM=16, BN=cfg["BN"], PER=cfg["groups_per_split"], SPLIT=cfg["SPLIT"], SWAP=cfg["SWAP"],
-                  UNROLL=cfg["UNROLL"], PREPARED=True, WRITE_DOTS=False, INTERP=False,
-                  MASKED=not (n % cfg["BN"] == 0 and g % cfg["groups_per_split"] == 0), PDL=cfg.get("PDL", False))
+                **layout_strides(n, k, layout))
+    consts = dict(BM=16, BN=cfg["BN"], PER=cfg["groups_per_split"], SPLIT=split, SWAP=cfg["SWAP"],
+                  UNROLL=cfg["UNROLL"], PREPARED=prepared, WRITE_DOTS=False, INTERP=False,
+                  MASKED=not (prepared and n % cfg["BN"] == 0 and g % cfg["groups_per_split"] == 0),
+                  PDL=cfg.get("PDL", False))
     consts = {a: v for a, v in consts.items() if a in mod._small_mma_kernel.arg_names}
     opts = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}
-    return cfg, (mod._small_mma_kernel, SMALL_MMA_PTRS, ints, consts, cfg["num_warps"], cfg["num_stages"]), opts
+    return cfg, (mod._small_mma_kernel, ptrs, ints, consts, cfg["num_warps"], cfg["num_stages"]), opts
 
 
-def gemv_launch(n, k):
-    """gemv's kernel on prepared weights N x K (M = 1), as gemv.launch calls it with PDL."""
-    from kernels import gemv
-    c = gemv.config(n, k, 1, interpret=False)
-    g, per, gc = k // 128, c["groups_per_split"], c["GC"]
-    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32", scales_ptr="*fp16", out_ptr="*bf16",
-                part_ptr="*fp32", count_ptr="*i32", dots_ptr="*i32")
-    ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, per=per, **layout_strides(n, k, "prepared"))
-    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), SPLIT=c["SPLIT"],
-                  MASKED=not (n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=True,
-                  WRITE_DOTS=False, PDL=True, INTERP=False)
-    return gemv._gemv_kernel, ptrs, ints, consts, c["num_warps"], 1
+def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared"):
+    """(config, compile_sm90 arguments, options) of gemv's kernel on N x K weights in `layout`
+    (M = 1), as gemv.run() launches it (PDL as its config says)."""
+    if mod is None:
+        from kernels import gemv as mod
+    c = mod.config(n, k, 1, interpret=False)
+    g, per, gc, split = k // 128, c["groups_per_split"], c["GC"], c["SPLIT"]
+    prepared, out = layout == "prepared", f"*{dtype}"
+    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
+                scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, count_ptr="*i32",
+                dots_ptr=out)
+    ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, per=per, **layout_strides(n, k, layout))
+    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), SPLIT=split,
+                  MASKED=not (prepared and n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=prepared,
+                  WRITE_DOTS=False, PDL=c["PDL"], INTERP=False)
+    return c, (mod._gemv_kernel, ptrs, ints, consts, c["num_warps"], 1), {}
 
 
-def quantize_launch(m, k, counters):
-    """The Q8 quantize kernel for x [M, K], plane order, zeroing `counters` split-K counters, PDL."""
+def quantize_launch(m, k, counters, dtype="bf16"):
+    """The Q8 quantize kernel for x [M, K] of `dtype`, plane order, PDL, zeroing `counters`
+    split-K counters (0: the consumer does not split; prepare.quantize_q8 then passes the sums)."""
     from kernels import prepare
     g = k // 128
     bu, warps = prepare._quantize_config(m * g)
-    ptrs = dict(x_ptr="*bf16", q_ptr="*i8", s_ptr="*fp32", t_ptr="*i32", zero_ptr="*i32")
+    ptrs = dict(x_ptr=f"*{dtype}", q_ptr="*i8", s_ptr="*fp32", t_ptr="*i32", zero_ptr="*i32")
     ints = dict(U=m * g, G=g, stride_xm=k, Z=counters)
     consts = dict(BU=bu, PLANE=True, PDL=True, ZB=triton.next_power_of_2(counters) if counters else 0, INTERP=False)
-    return prepare._quantize_kernel, ptrs, ints, consts, warps, 1
+    return {}, (prepare._quantize_kernel, ptrs, ints, consts, warps, 1), {}
 
 
-# (label, launch, pointers that hold weights: constants a PDL kernel may read before its wait)
-PDL_KERNELS = [
-    ("gemv gate_up 34816x5120", lambda: gemv_launch(34816, 5120), {"codes_ptr", "scales_ptr"}),
-    ("gemv down 5120x17408", lambda: gemv_launch(5120, 17408), {"codes_ptr", "scales_ptr"}),
-    ("small_mma gate_up M=16", lambda: small_mma_launch(load(None), 34816, 5120, 16)[1], {"codes_ptr", "scales_ptr"}),
-    ("small_mma down M=4", lambda: small_mma_launch(load(None), 5120, 17408, 4)[1], {"codes_ptr", "scales_ptr"}),
-    ("quantize M=1 K=5120", lambda: quantize_launch(1, 5120, 544), set()),
-    ("quantize M=16 K=17408", lambda: quantize_launch(16, 17408, 40), set()),
-]
+# Pointers that hold weights: constants a PDL kernel may read before its wait.
+WEIGHTS = {"gemv": {"codes_ptr", "scales_ptr"}, "small_mma": {"codes_ptr", "scales_ptr"}, "quantize": set()}
+# The PDL-launching paths: name -> (N, K, M, dtype, layout, module) -> (config, compile args, options)
+PDL_PATHS = {
+    "gemv": lambda n, k, m, dtype, layout, mod: gemv_launch(n, k, mod, dtype, layout),
+    "small_mma": lambda n, k, m, dtype, layout, mod: small_mma_launch(mod or load(None), n, k, m, None, dtype, layout),
+}
+# commit 5f06600's list (tests/test_pdl_order.py shows what it misses): (path, N, K, M)
+OLD_PDL_LIST = [("gemv", 34816, 5120, 1), ("gemv", 5120, 17408, 1), ("small_mma", 34816, 5120, 16),
+                ("small_mma", 5120, 17408, 4)]
 
 
-def pdl_report():
-    """Per PDL kernel: violations before griddepcontrol.wait with the weights allowed, and the
-    global reads there if even the weights were not (what the kernel really prefetches)."""
+def model_shapes() -> list[tuple[str, int, int]]:
+    """(label, N, K) of every PQ2 matrix the GSM8K model (SmolLM2-135M's config,
+    tools/model_determinism.py) runs, as pq2verify.gsm8k.model converts it: siblings stacked
+    along N, K padded to whole groups, times the digits (4 by default, 1 for a ternary
+    checkpoint). Built on the meta device: shapes only."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from model_determinism import CONFIG
+    from pq2verify.gsm8k import convert, model as mdl
+    with torch.device("meta"):
+        net = LlamaForCausalLM(LlamaConfig(**{**CONFIG, "num_hidden_layers": 1}))
+    out = []
+    for parent, names in mdl._linear_groups(net):
+        mods = [getattr(parent, x) for x in names]
+        kp = convert.pad_k(torch.empty(1, mods[0].in_features, device="meta")).shape[1]
+        for digits in (4, 1):
+            out.append((f"gsm8k:{'+'.join(names)}x{digits}", sum(x.out_features for x in mods), digits * kp))
+    return out
+
+
+def run_shapes() -> list[tuple[str, int, int, tuple]]:
+    """(label, N, K, Ms) of every PQ2 call the bench, the GPU check and the GSM8K model make:
+    the bonsai27b shapes at the bench's Ms (step and shape rows) and the check's; the model's
+    at every decode M (rows still generating, 1..16) and its prefill (17+: no PDL path)."""
+    from pq2verify import bench, cases
+    ms = tuple(sorted(set(bench.STEP_MS) | set(bench.DEFAULT_MS) | set(cases.MS["bonsai27b"])))
+    out = [(f"bonsai27b:{s}", n, k, ms) for s, n, k in cases.SHAPES["bonsai27b"]["pq2"]]
+    return out + [(label, n, k, tuple(range(1, 18))) for label, n, k in model_shapes()]
+
+
+def specialization(fn, ptrs, ints, consts, warps, stages, opts) -> tuple:
+    """What the JIT compiles one binary per: the function, its argument types, the ints equal
+    to 1 or divisible by 16, the constexprs and the launch options."""
+    key = [fn.__module__, fn.__name__, warps, stages, tuple(sorted(opts.items()))]
+    for a in fn.arg_names:
+        if a in ptrs:
+            key.append((a, ptrs[a]))
+        elif a in ints:
+            v = ints[a]
+            key.append((a, "1" if v == 1 else "D" if v % 16 == 0 else "i32"))
+        else:
+            key.append((a, repr(consts.get(a))))
+    return tuple(key)
+
+
+def pdl_launches(modules: dict | None = None) -> list[dict]:
+    """Every distinct PDL launch (one per compiled specialization) of the PDL paths and their
+    quantize kernel for run_shapes(), every M a PDL path serves, both dtypes and its layouts,
+    single-split included: [{label, uses, splits, launch: (fn, ptrs, ints, consts, warps,
+    stages), opts, weights}]. modules: path name -> a kernel file's module to compile instead."""
+    from pq2verify import registry
+    modules = modules or {}
+    found: dict[tuple, dict] = {}
+
+    def add(label, use, cfg, args, opts, weights):
+        key = specialization(*args, opts)
+        e = found.setdefault(key, dict(label=label, uses=[], splits=cfg.get("SPLIT", 1), launch=args, opts=opts,
+                                       weights=weights))
+        e["uses"].append(use)
+    for shape, n, k, ms in run_shapes():
+        for name, build in PDL_PATHS.items():
+            p = registry.get(name)
+            for m in ms:
+                if not p.serves(m):
+                    continue
+                for dtype in ("bf16", "fp16"):
+                    for layout in p.layouts:
+                        cfg, args, opts = build(n, k, m, dtype, layout, modules.get(name))
+                        if not cfg.get("PDL"):
+                            continue      # launched plainly: no order to prove
+                        use = f"{shape} {n}x{k} M={m} {dtype} {layout}"
+                        split = cfg["SPLIT"]
+                        add(f"{name} {use} SPLIT={split}", use, cfg, args, opts, WEIGHTS[name])
+                        # its quantize kernel, zeroing the row tiles' counters when it splits
+                        counters = -(-n // cfg["BN"]) if split > 1 else 0
+                        qc, qargs, qopts = quantize_launch(m, k, counters, dtype)
+                        add(f"quantize {use} counters={counters}", use, {}, qargs, qopts, WEIGHTS["quantize"])
+    return list(found.values())
+
+
+def old_pdl_launches(modules: dict | None = None) -> list[dict]:
+    """OLD_PDL_LIST's launches (bf16, prepared) and its two quantize launches, as 5f06600's
+    tools/sm90.py built them."""
+    modules = modules or {}
+    out = []
+    for name, n, k, m in OLD_PDL_LIST:
+        cfg, args, opts = PDL_PATHS[name](n, k, m, "bf16", "prepared", modules.get(name))
+        out.append(dict(label=f"{name} {n}x{k} M={m}", uses=["old list"], splits=cfg["SPLIT"], launch=args,
+                        opts=opts, weights=WEIGHTS[name]))
+    for m, k, z in ((1, 5120, 544), (16, 17408, 40)):
+        _, args, opts = quantize_launch(m, k, z)
+        out.append(dict(label=f"quantize M={m} K={k}", uses=["old list"], splits=1, launch=args, opts=opts,
+                        weights=set()))
+    return out
+
+
+def pdl_report(modules: dict | None = None, old: bool = False, only: set | None = None):
+    """Per distinct PDL launch: violations before griddepcontrol.wait with the weights allowed,
+    the global reads there if even the weights were not (what the kernel really prefetches),
+    and the compile's seconds. only: the kernels to compile (gemv, small_mma, quantize; None: all)."""
+    import time
     from pq2verify import ptx
     out = []
-    for label, launch, weights in PDL_KERNELS:
-        fn, ptrs, ints, consts, warps, stages = launch()
-        assert consts.get("PDL"), f"{label}: not a PDL launch"
-        kern, params = compile_sm90(fn, ptrs, ints, consts, warps, stages)
+    for e in (old_pdl_launches if old else pdl_launches)(modules):
+        if only and e["label"].split()[0] not in only:
+            continue
+        fn, ptrs, ints, consts, warps, stages = e["launch"]
+        assert consts.get("PDL"), f"{e['label']}: not a PDL launch"
+        t0 = time.perf_counter()
+        kern, params = compile_sm90(fn, ptrs, ints, consts, warps, stages, **e["opts"])
+        dt = time.perf_counter() - t0
         values = set(params) - set(ptrs)
         entry = fn.__name__
-        out.append(dict(kernel=label, entry=entry, module=fn.__module__,
-                        violations=ptx.before_wait(kern.asm["ptx"], entry, params, values | weights),
+        out.append(dict(kernel=e["label"], entry=entry, module=fn.__module__, splits=e["splits"], uses=e["uses"],
+                        compile_s=round(dt, 3),
+                        violations=ptx.before_wait(kern.asm["ptx"], entry, params, values | e["weights"]),
                         reads_of_weights=ptx.before_wait(kern.asm["ptx"], entry, params, values)))
     return out
 
@@ -252,6 +373,11 @@ def main():
     lp.add_argument("--json", action="store_true", help="one JSON object instead of text")
     pp = sub.add_parser("pdl", help="the PDL kernels: nothing but weights touched before griddepcontrol.wait")
     pp.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    pp.add_argument("--module", action="append", default=[], metavar="PATH_NAME=FILE",
+                    help=f"a kernel file to compile instead of that path's ({', '.join(PDL_PATHS)}); repeatable")
+    pp.add_argument("--only", default=None, metavar="NAMES",
+                    help="comma-separated kernels to compile: gemv, small_mma, quantize (default: all)")
+    pp.add_argument("--old-list", action="store_true", help="only 5f06600's six launches (to show what it missed)")
     fp = sub.add_parser("prefill", help="mmq_wgmma's Gluon kernel: registers, shared memory, its loop")
     add_shape_args(fp)
     fp.set_defaults(m=2048)
@@ -261,16 +387,33 @@ def main():
     if a.cmd == "prefill":
         return prefill_report(a, ap)
     if a.cmd == "pdl":
-        rep = pdl_report()
+        modules = {}
+        for spec in a.module:
+            name, eq, path = spec.partition("=")
+            if not eq or name not in PDL_PATHS:
+                ap.error(f"argument --module: expected PATH_NAME=FILE with PATH_NAME one of {', '.join(PDL_PATHS)}, "
+                         f"got {spec!r}")
+            if name in modules:
+                ap.error(f"argument --module: {name} given twice")
+            modules[name] = load(existing_file(path), name)
+        only = None
+        if a.only is not None:
+            only = set(a.only.split(","))
+            if not a.only or only - set(WEIGHTS):
+                ap.error(f"argument --only: expected names from {', '.join(WEIGHTS)}, got {a.only!r}")
+        rep = pdl_report(modules, old=a.old_list, only=only)
         if a.json:
             print(json.dumps(rep))
             return
         for r in rep:
             print(f"{r['kernel']}: {'OK' if not r['violations'] else 'VIOLATION'}; "
-                  f"{len(r['reads_of_weights'])} weight reads before the wait")
+                  f"{len(r['reads_of_weights'])} weight reads before the wait; {len(r['uses'])} uses; "
+                  f"compiled in {r['compile_s']:.2f} s")
             for v in r["violations"]:
                 print("   ", v)
-        return
+        bad = sum(bool(r["violations"]) for r in rep)
+        print(f"{len(rep)} PDL launches, {bad} with violations; {sum(r['compile_s'] for r in rep):.1f} s compiling")
+        return 1 if bad else 0
     if shape_error(a):
         ap.error(shape_error(a))
     mod = load(a.module)
@@ -298,4 +441,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
