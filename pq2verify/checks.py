@@ -242,8 +242,9 @@ def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
     r.fold_used = float(used.max()) if used.size else 0.0
     r.max_ulp = metrics.max_ulp(yt, torch.from_numpy(metrics.round_once(ref, dt)).to(dt))
     if not r.elem_ratio <= 1.0:
-        i, j = (int(v) for v in np.argwhere(ratio > 1.0)[0])
-        r.fail(f"per-element bound: {int((ratio > 1.0).sum())} of {ratio.size} outputs outside it (worst "
+        outside = ~(ratio <= 1.0)          # a NaN ratio (NaN reference or bound) is outside too
+        i, j = (int(v) for v in np.argwhere(outside)[0])
+        r.fail(f"per-element bound: {int(outside.sum())} of {ratio.size} outputs outside it (worst "
                f"{r.elem_ratio:.3g}x); first y[{i}, {int(inp.rows[j])}] = {ys[i, j]!r} vs FP64 {ref[i, j]!r}, "
                f"off by {err[i, j]:.3g} > {bound[i, j]:.3g} (fold allowance {f[i, j]:.3g} + half a "
                f"{str(dt).replace('torch.', '')} spacing); max {r.max_ulp} ulp from the reference rounded once",

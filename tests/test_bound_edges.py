@@ -1,0 +1,484 @@
+"""Every bound the suite applies, tested at its edge: an error planted at about 0.9x the bound
+must pass and one at about 1.1x must fail, per arithmetic and dtype. The expected bound is
+derived here, from SPEC §3/§4/§7 and the formulas documented beside registry.UNIT_ROUNDOFF,
+FOLD_UNIT and q8_allowance, never read from the code under test. Each "loosened" test patches
+one bound of the judge 2x or 4x looser and shows that the 1.1x plant then passes, so the edge
+tests above it would catch that slip.
+
+Plants go into real kernel outputs through evaluate's `kernel=` wrapper: the path's own run,
+then its output replaced by the planted values (computed from that same output and the FP64
+references here)."""
+import functools
+import math
+import statistics
+from dataclasses import replace
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from pq2verify import cases, checks, golden, registry, replay
+from pq2verify.bits import bits
+from pq2verify.gsm8k import floor
+from reference import metrics, pq2, projection, q8
+
+HERE = "pytest -p no:randomly tests/test_bound_edges.py"
+
+# --- the bounds, derived here -------------------------------------------------------------
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+U = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}   # unit roundoff 2^-p: p = 8 (bf16), 11 (fp16) bits
+FP32_FOLD = 1e-5                              # SPEC §7: an FP32 fold adds ~1e-6 relative; 1e-5 kept
+Q8_BUDGET = 0.03                              # SPEC §7: the gate earlier work applied to Q8
+FOLD_U = {"integer": 2.0 ** -24, "floating": 2.0 ** -23}   # FP32 u; tensor cores may truncate
+PREC = {"bf16": (8, -126), "fp16": (11, -14)}              # (significant bits, emin)
+PATHS = {"integer": "int_gemv", "floating": "native"}
+LO, HI = (0.85, 0.95), (1.05, 1.15)           # the windows a plant at ~0.9x / ~1.1x must land in
+
+
+def spacing(v, dt):
+    """Distance between adjacent `dt` values at |v| (the subnormal spacing below the normal
+    range): 2^(e - p + 1) with |v| in [2^e, 2^(e+1))."""
+    p, emin = PREC[dt]
+    _, e = np.frexp(np.abs(np.asarray(v, dtype=np.float64)))
+    return np.ldexp(1.0, np.maximum(e - 1, emin) - (p - 1))
+
+
+def rel(y, r) -> float:
+    y, r = np.asarray(y, dtype=np.float64), np.asarray(r, dtype=np.float64)
+    return float(np.linalg.norm(y - r) / np.linalg.norm(r))
+
+
+def tol_quantized(dt) -> float:
+    return U[dt] + FP32_FOLD
+
+
+def tol_dense(arith, dt, Q=None, D=None) -> float:
+    """Floating: the output rounding plus the fold. Integer: the Q8 budget, or where the exact Q8
+    arithmetic's own error is larger, what an output within tol_quantized of Q meets by the
+    triangle inequality: relRMS(Q, D) + tol_q |Q| / |D|."""
+    if arith == "floating":
+        return U[dt] + FP32_FOLD
+    return max(Q8_BUDGET, rel(Q, D) + tol_quantized(dt) * np.linalg.norm(Q) / np.linalg.norm(D))
+
+
+def element_bound(arith, k, S, Y, dt):
+    """(bound, F, half): |y - Y| <= F + spacing(|Y| + F) / 2, F = u (T + 2) S + (T + 2) 2^-126,
+    T = the number of terms an FP32 fold adds (K/128 group terms, or K products)."""
+    t = k // 128 if arith == "integer" else k
+    f = FOLD_U[arith] * (t + 2) * S + (t + 2) * 2.0 ** -126
+    half = spacing(np.abs(Y) + f, dt) / 2
+    return f + half, f, half
+
+
+def abs_sum(p, x, w):
+    """S: the path's FP64 sum over absolute terms. Integer: sum_g |dot_g| xs_g |ws_g| from the
+    Q8 codes and the weight codes; floating: |x| @ |W|^T."""
+    if p.weight == "dense":
+        return np.abs(x.double().numpy()) @ np.abs(w.double().numpy()).T
+    if p.arithmetic == "floating":
+        return np.abs(x.double().numpy()) @ np.abs(pq2.decode(w)).T
+    qz = q8.quantize_q8(x)
+    codes, ws = pq2.read(w)
+    m, k = qz.q.shape
+    g = k // 128
+    qg = qz.q.astype(np.int64).reshape(m, g, 128)
+    cg = (codes.astype(np.int64) - 1).reshape(-1, g, 128)
+    dots = np.einsum("mgk,ngk->mng", qg, cg)
+    return np.einsum("mng,mg,ng->mn", np.abs(dots).astype(np.float64), qz.scales.astype(np.float64),
+                     np.abs(ws.astype(np.float64)))
+
+
+# --- one small case per (arithmetic, dtype, input kind), its real output and references ---
+OUTLIER = "channel20"     # normal activations with channel 5 of every group at 20, its weights 0
+
+
+class OutlierInputs(checks.Inputs):
+    """The case's inputs with channel 5 of every group set to 20 and its weight codes to 0: Q8
+    steps of 20/127 then lose the other channels' low bits (relRMS(Q, D) ~ 0.045, past
+    Q8_BUDGET) while the outlier adds nothing to the product, so q8_allowance sets the bound."""
+
+    def __init__(self, c, device):
+        super().__init__(c, device)
+        from pq2verify.weights import PQ2Weight
+        codes, scales = pq2.read(self.w)
+        codes[:, 5::128] = 1
+        self.w = PQ2Weight.from_raw(torch.from_numpy(pq2.encode(codes, scales))).to_prepared().to(device)
+        x = self.x.clone()
+        x[:, 5::128] = 20
+        self.x = x
+        xc, wc = x.cpu(), self.w.to("cpu")
+        self._refs = {"quantized": projection.quantized(xc, wc), "dense": projection.floating(xc, wc),
+                      "dots": projection.group_dots(xc, wc)}
+
+    def reference(self, which):
+        return self._refs[which]
+
+    def group_dots(self):
+        return self._refs["dots"]
+
+
+@functools.lru_cache(maxsize=None)
+def data(arith: str, dt: str, kind: str = "normal", device: str = "cpu"):
+    p = registry.get(PATHS[arith])
+    c = cases.seeded(cases.Case(p.name, "b", 64, 384, 2, dt, "prepared", "normal" if kind == OUTLIER else kind))
+    inp = OutlierInputs(c, device) if kind == OUTLIER else checks.Inputs(c, device)
+    y0, _ = checks.call(p, inp)
+    x, w = inp.x.cpu(), inp.w.to("cpu")
+    D = projection.floating(x, w)
+    Q = projection.quantized(x, w) if arith == "integer" else None
+    S = abs_sum(p, x, w)
+    return dict(p=p, c=c, inp=inp, y0=y0.cpu(), D=D, Q=Q, Y=Q if arith == "integer" else D, S=S, arith=arith)
+
+
+class Plant:
+    """The path's own run, then its output replaced by `planted` (same shape and dtype)."""
+
+    def __init__(self, p, y0, planted):
+        self.run, self.y0, self.planted = p.kernel(), y0, planted
+
+    def __call__(self, x, w, *, out=None, dots=None):
+        y = self.run(x, w, out=out, dots=dots) if dots is not None else self.run(x, w, out=out)
+        assert torch.equal(bits(y.cpu()), bits(self.y0)), "the real path changed under the test"
+        y.copy_(self.planted.to(y.device))
+        return y
+
+
+def judge(d, planted, device="cpu"):
+    return checks.evaluate(d["c"], device, checks=("rms",), inp=d["inp"], kernel=Plant(d["p"], d["y0"], planted))
+
+
+def rms_plant(d, R, target: float, seed: int):
+    """y0 + t * s * |R| (s a seeded sign per element), rounded to the output dtype, with t set
+    by bisection so that relRMS(y, R) is `target`; where y0 is already farther from R than
+    that (an integer path against D), y0 + t (R - y0) instead. -> (y, relRMS measured here)."""
+    y0 = d["y0"].double().numpy()
+    dt = d["y0"].dtype
+    inward = rel(y0, R) > target
+    s = (R - y0) if inward else np.random.default_rng(seed).choice([-1.0, 1.0], size=R.shape) * np.abs(R)
+
+    def err(t):
+        return rel(torch.from_numpy(y0 + t * s).to(dt).double(), R) * (-1 if inward else 1)
+
+    lo, hi = 0.0, 1.0 if inward else 1e-4
+    while not inward and err(hi) < target:
+        hi *= 2
+    goal = -target if inward else target
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if err(mid) < goal else (lo, mid)
+    y = torch.from_numpy(y0 + hi * s).to(dt)
+    return y, rel(y.double(), R)
+
+
+ARITH_DT = [(a, t) for a in PATHS for t in DT]
+
+
+# --- relative RMS: quantized and dense ----------------------------------------------------
+@pytest.mark.parametrize("arith, dt", ARITH_DT)
+@pytest.mark.parametrize("which", ["quantized", "dense"])
+def test_relative_rms_at_its_edge(arith, dt, which):
+    d = data(arith, dt)
+    if which == "quantized" and arith == "floating":
+        pytest.skip("a floating path has no quantized reference (it is judged against the dense one only)")
+    R = d["Q"] if which == "quantized" else d["D"]
+    tol = tol_quantized(dt) if which == "quantized" else tol_dense(arith, dt, d["Q"], d["D"])
+    name = checks.RMS_QUANTIZED if which == "quantized" else checks.RMS_DENSE
+    for (a, b), seed in ((LO, 1), (HI, 2)):
+        y, got = rms_plant(d, R, (a + b) / 2 * tol, seed)
+        assert a <= got / tol <= b, f"plant landed at {got / tol:.3f}x"
+        r = judge(d, y)
+        where = f"{d['c'].id}, plant {got / tol:.3f}x of {tol:.4g}; reproduce: {HERE} -k '{arith} and {dt} and {which}'"
+        assert getattr(r, f"tol_{which}") == pytest.approx(tol, rel=1e-12), f"the judge's bound differs: {where}"
+        assert (name in r.failed) == (a > 1), f"{r.failed} {r.failures}: {where}"
+
+
+def q8_kinds(dt):
+    """An input kind where the Q8 budget binds the dense bound, and one where the allowance does."""
+    out = {}
+    for kind in ("normal", "outliers", OUTLIER):
+        d = data("integer", dt, kind)
+        allow = rel(d["Q"], d["D"]) + tol_quantized(dt) * np.linalg.norm(d["Q"]) / np.linalg.norm(d["D"])
+        out.setdefault("budget" if allow < Q8_BUDGET else "allowance", kind)
+    return out
+
+
+@pytest.mark.parametrize("dt", DT)
+def test_q8_allowance_and_budget_both_bind_somewhere(dt):
+    """The dense bound of an integer path has two branches (Q8_BUDGET, q8_allowance); the edge
+    tests need a case on each."""
+    assert set(q8_kinds(dt)) == {"budget", "allowance"}, q8_kinds(dt)
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("branch", ["budget", "allowance"])
+def test_dense_bound_of_an_integer_path_at_its_edge(dt, branch):
+    kind = q8_kinds(dt).get(branch)
+    assert kind, f"no small input kind where the {branch} binds"
+    d = data("integer", dt, kind)
+    tol = tol_dense("integer", dt, d["Q"], d["D"])
+    for (a, b), seed in ((LO, 3), (HI, 4)):
+        y, got = rms_plant(d, d["D"], (a + b) / 2 * tol, seed)
+        assert a <= got / tol <= b
+        r = judge(d, y)
+        assert r.tol_dense == pytest.approx(tol, rel=1e-12), f"{d['c'].id}: judge {r.tol_dense} vs {tol}"
+        assert (checks.RMS_DENSE in r.failed) == (a > 1), (
+            f"{d['c'].id} ({branch}) plant {got / tol:.3f}x: {r.failures}; reproduce: {HERE} -k '{dt} and {branch}'")
+
+
+# --- the per-element bound: the fold allowance F and the half spacing ----------------------
+def neighbours(y0: torch.Tensor, ks=range(-6, 7)):
+    """[len(ks), M, N] float64: the values ks representable steps from each y0 (same sign only,
+    finite), NaN where the step would cross zero or leave the finite range."""
+    ints = bits(y0).to(torch.int32)
+    out = []
+    for k in ks:
+        v = (ints + k).to(torch.int16).view(y0.dtype)
+        ok = (torch.sign(v.float()) == torch.sign(y0.float())) & torch.isfinite(v) & (y0 != 0)
+        out.append(torch.where(ok, v.double(), torch.full_like(v.double(), float("nan"))).numpy())
+    return np.stack(out)
+
+
+def element_plant(d, window, part):
+    """y0 with one element moved to a representable value whose distance from Y is in
+    `window` x its bound (derived here), on an element where F (part 'fold') or the half
+    spacing (part 'half') makes up most of the bound; None if the case has no such element."""
+    dt = str(d["y0"].dtype).replace("torch.", "").replace("bfloat16", "bf16").replace("float16", "fp16")
+    Y = d["Y"]
+    bound, f, half = element_bound(d["arith"], d["c"].k, d["S"], Y, dt)
+    y0 = d["y0"].double().numpy()
+    assert (np.abs(y0 - Y) / bound).max() <= 1.0, "the real path is outside the bound derived here"
+    share = f / bound
+    mask = share > 0.6 if part == "fold" else share < 0.1
+    cand = neighbours(d["y0"])
+    with np.errstate(invalid="ignore"):
+        ratio = np.abs(cand - Y) / bound
+        ok = (ratio >= window[0]) & (ratio <= window[1]) & mask[None]
+    if not ok.any():
+        return None
+    mid = (window[0] + window[1]) / 2
+    kk, i, j = np.unravel_index(int(np.argmin(np.where(ok, np.abs(ratio - mid), np.inf))), ratio.shape)
+    y = d["y0"].clone()
+    y[i, j] = float(cand[kk, i, j])
+    return y, float(ratio[kk, i, j]), (int(i), int(j)), float(share[i, j])
+
+
+@pytest.mark.parametrize("arith, dt", ARITH_DT)
+@pytest.mark.parametrize("part", ["half", "fold"])
+def test_element_bound_at_its_edge_in_a_real_output(arith, dt, part):
+    """One element of the path's own output moved to ~0.9x / ~1.1x of its bound. Where the
+    bound is mostly the half spacing that is the other rounding of a near-tie; where it is
+    mostly F (floating paths: K = 384 terms) a few ulps away."""
+    d = data(arith, dt)
+    for window in (LO, HI):
+        found = element_plant(d, window, part)
+        if found is None:
+            assert (arith == "integer") == (part == "fold"), f"{d['c'].id}: no {part}-bound element near {window}"
+            pytest.skip("an integer path's F (G + 2 = 5 FP32 roundings) is far below a spacing on this case's "
+                        "outputs, a floating path's (K + 2 = 386) above it on almost all: "
+                        "test_element_bound_at_its_edge_constructed plants that part")
+        y, ratio, (i, j), share = found
+        worst = float((np.abs(y.double().numpy() - d["Y"]) / element_bound(arith, 384, d["S"], d["Y"], dt)[0]).max())
+        r = judge(d, y)
+        where = (f"{d['c'].id}: y[{i}, {j}] at {ratio:.3f}x its bound (F {share:.0%} of it); "
+                 f"reproduce: {HERE} -k 'real_output and {arith} and {dt} and {part}'")
+        assert r.elem_ratio == pytest.approx(worst, rel=1e-9), f"the judge's worst ratio {r.elem_ratio}: {where}"
+        assert (checks.PER_ELEMENT in r.failed) == (window is HI), f"{r.failures}: {where}"
+
+
+class Synthetic:
+    """An Inputs stand-in for checks._elementwise: FP64 reference Y and absolute sum S chosen
+    by the test, on K = 384."""
+
+    def __init__(self, p, Y, S, k=384):
+        self.dense, self.rows, self.x = p.weight == "dense", torch.arange(Y.shape[1]), torch.empty(Y.shape[0], k)
+        self._Y = Y
+        self._abs_sums = {"dense" if self.dense else p.reference: S}
+
+    def reference(self, which):
+        return self._Y
+
+
+def synthetic(arith, dt, part, ratio):
+    """(p, inputs, y, ratio measured here): all outputs Y rounded once, except one at `ratio`
+    times its bound. 'fold': S = 1e6 |Y|, so F is ~99% of the bound; 'half': S = 0 and Y put
+    0.45 spacing above a representable value, so that value is 0.9x away, the next one 1.1x."""
+    p = registry.get(PATHS[arith])
+    rng = np.random.default_rng(7)
+    g = torch.from_numpy(rng.standard_normal((2, 64))).to(DT[dt]).double().numpy()
+    if part == "fold":
+        Y = g * (1 + 1e-3 * rng.standard_normal(g.shape))
+        S = 1e6 * np.abs(Y)
+    else:
+        Y = g + 0.45 * np.sign(g) * spacing(g, dt)    # away from zero: Y stays in g's binade
+        S = np.zeros_like(Y)
+    bound, f, half = element_bound(arith, 384, S, Y, dt)
+    y = torch.from_numpy(Y).to(DT[dt])
+    if part == "fold":
+        y[1, 5] = float(Y[1, 5] + ratio * bound[1, 5])
+    else:
+        y = torch.from_numpy(g).to(DT[dt])
+        if ratio > 1:
+            y[1, 5] = float(g[1, 5] + np.sign(g[1, 5]) * spacing(g[1, 5], dt))
+    ratios = np.abs(y.double().numpy() - Y) / bound
+    assert ratios.max() <= ratios[1, 5] * (1 + 1e-9), "the plant must be the worst element"
+    return p, Synthetic(p, Y, S), y, float(ratios[1, 5])
+
+
+def run_elementwise(p, inp, y, dt):
+    r = checks.Result(cases.Case(p.name, "b", 64, 384, 2, dt, "prepared"))
+    checks._elementwise(r, p, inp, y, DT[dt])
+    return r
+
+
+@pytest.mark.parametrize("arith, dt", ARITH_DT)
+@pytest.mark.parametrize("part", ["fold", "half"])
+def test_element_bound_at_its_edge_constructed(arith, dt, part):
+    for window in (LO, HI):
+        p, inp, y, got = synthetic(arith, dt, part, (window[0] + window[1]) / 2)
+        assert window[0] <= got <= window[1], f"plant at {got:.3f}x"
+        r = run_elementwise(p, inp, y, dt)
+        assert r.elem_ratio == pytest.approx(got, rel=1e-9)
+        assert (checks.PER_ELEMENT in r.failed) == (window is HI), (
+            f"{arith} {dt} {part}: plant at {got:.3f}x: {r.failures}; reproduce: {HERE} -k 'constructed and {arith} "
+            f"and {dt} and {part}'")
+
+
+# --- a comparison against the wrong reference ----------------------------------------------
+@pytest.mark.parametrize("dt", DT)
+def test_an_integer_path_returning_the_dense_reference_fails(dt):
+    """Q and D differ by more than the quantized tolerance on this case: a kernel that computes
+    the dense product (no Q8) must fail the quantized check, whatever the dense one says."""
+    d = data("integer", dt)
+    y = torch.from_numpy(d["D"]).to(DT[dt])
+    assert rel(y.double(), d["Q"]) > 1.5 * tol_quantized(dt), "precondition: Q and D differ enough here"
+    r = judge(d, y)
+    assert checks.RMS_QUANTIZED in r.failed and checks.RMS_DENSE not in r.failed, (
+        f"{d['c'].id}: {r.failures}; reproduce: {HERE} -k 'returning_the_dense and {dt}'")
+
+
+@pytest.mark.parametrize("dt", DT)
+def test_a_floating_path_returning_the_quantized_reference_fails(dt):
+    d = data("floating", dt)
+    Q = projection.quantized(d["inp"].x.cpu(), d["inp"].w.to("cpu"))
+    y = torch.from_numpy(Q).to(DT[dt])
+    assert rel(y.double(), d["D"]) > 1.5 * tol_dense("floating", dt), "precondition: Q and D differ enough here"
+    r = judge(d, y)
+    assert checks.RMS_DENSE in r.failed and checks.PER_ELEMENT in r.failed, (
+        f"{d['c'].id}: {r.failures}; reproduce: {HERE} -k 'returning_the_quantized and {dt}'")
+
+
+# --- NaN never passes -----------------------------------------------------------------------
+@pytest.mark.parametrize("arith, dt", ARITH_DT)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_output_fails_every_numeric_verdict(arith, dt, value):
+    d = data(arith, dt)
+    y = d["y0"].clone()
+    y[1, 7] = value
+    r = judge(d, y)
+    want = {checks.RMS_DENSE, checks.PER_ELEMENT} | ({checks.RMS_QUANTIZED} if arith == "integer" else set())
+    want |= {checks.WRITTEN} if math.isnan(value) else set()
+    assert want <= set(r.failed), f"{d['c'].id} with y[1, 7] = {value}: {r.failed}; reproduce: {HERE} -k non_finite"
+
+
+@pytest.mark.parametrize("metric", ["relative_rms", "bound"])
+def test_nan_in_a_metric_fails(metric, monkeypatch):
+    """A NaN where the judge expects a number (an RMS, a per-element bound) is a failure: each
+    comparison is written `not x <= tol`, which NaN never satisfies."""
+    d = data("integer", "bf16")
+    if metric == "relative_rms":
+        monkeypatch.setattr(metrics, "relative_rms", lambda y, ref: float("nan"))
+        want = {checks.RMS_QUANTIZED, checks.RMS_DENSE}
+    else:
+        real = registry.Path.element_bound
+
+        def nan_bound(self, *a):
+            b, f, h = real(self, *a)
+            return b * np.nan, f, h
+        monkeypatch.setattr(registry.Path, "element_bound", nan_bound)
+        want = {checks.PER_ELEMENT}
+    r = judge(d, d["y0"])
+    assert want <= set(r.failed), f"{metric} NaN: {r.failed}; reproduce: {HERE} -k nan_in_a_metric"
+
+
+# --- the judge loosened: the 1.1x plants then pass (what the edge tests above would catch) --
+def _scaled(monkeypatch, obj, name, factor):
+    old = getattr(obj, name)
+    monkeypatch.setattr(obj, name, {k: v * factor for k, v in old.items()} if isinstance(old, dict) else old * factor)
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_loosened_unit_roundoff_lets_the_rms_plant_pass(factor, monkeypatch):
+    d = data("integer", "bf16")
+    tol = tol_quantized("bf16")
+    y, got = rms_plant(d, d["Q"], 1.1 * tol, 2)
+    assert checks.RMS_QUANTIZED in judge(d, y).failed
+    _scaled(monkeypatch, registry, "UNIT_ROUNDOFF", factor)
+    r = judge(d, y)
+    assert checks.RMS_QUANTIZED not in r.failed and r.tol_quantized != pytest.approx(tol, rel=1e-12)
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_loosened_q8_budget_or_allowance_lets_the_dense_plant_pass(factor, monkeypatch):
+    kinds = q8_kinds("bf16")
+    for branch in ("budget", "allowance"):
+        d = data("integer", "bf16", kinds[branch])
+        tol = tol_dense("integer", "bf16", d["Q"], d["D"])
+        y, got = rms_plant(d, d["D"], 1.1 * tol, 4)
+        assert checks.RMS_DENSE in judge(d, y).failed
+        with monkeypatch.context() as mp:
+            if branch == "budget":
+                _scaled(mp, registry, "Q8_BUDGET", factor)
+            else:
+                real = registry.q8_allowance
+                mp.setattr(registry, "q8_allowance", lambda *a: tuple(v * factor for v in real(*a)))
+            r = judge(d, y)
+            assert checks.RMS_DENSE not in r.failed, (branch, r.failures)
+
+
+def test_a_loosened_fp32_fold_term_is_seen_in_the_bound(monkeypatch):
+    """FP32_FOLD is 0.3% of the bf16 bound: no plant at 1.1x can show it 4x looser, the bound's
+    own value can (the edge tests compare it with the one derived here)."""
+    d = data("integer", "fp16")
+    _scaled(monkeypatch, registry, "FP32_FOLD", 4)
+    r = judge(d, d["y0"])
+    assert r.tol_quantized != pytest.approx(tol_quantized("fp16"), rel=1e-12)
+
+
+@pytest.mark.parametrize("arith", PATHS)
+@pytest.mark.parametrize("factor", [2, 4])
+def test_loosened_fold_unit_lets_the_fold_plant_pass(arith, factor, monkeypatch):
+    p, inp, y, got = synthetic(arith, "bf16", "fold", 1.1)
+    assert checks.PER_ELEMENT in run_elementwise(p, inp, y, "bf16").failed
+    _scaled(monkeypatch, registry, "FOLD_UNIT", factor)
+    assert checks.PER_ELEMENT not in run_elementwise(p, inp, y, "bf16").failed
+
+
+@pytest.mark.parametrize("route", ["real integer", "constructed floating"])
+@pytest.mark.parametrize("factor", [2, 4])
+def test_loosened_half_spacing_lets_the_rounding_plant_pass(route, factor, monkeypatch):
+    if route == "real integer":
+        d = data("integer", "fp16")
+        y, ratio, _, _ = element_plant(d, HI, "half")
+
+        def verdict():
+            return judge(d, y).failed
+    else:
+        p, inp, y, got = synthetic("floating", "fp16", "half", 1.1)
+
+        def verdict():
+            return run_elementwise(p, inp, y, "fp16").failed
+    assert checks.PER_ELEMENT in verdict()
+    real = metrics.spacing
+    monkeypatch.setattr(metrics, "spacing", lambda v, dtype: real(v, dtype) * factor)
+    assert checks.PER_ELEMENT not in verdict()
+
+
+def test_the_wrong_reference_in_the_judge_lets_the_dense_kernel_pass(monkeypatch):
+    """A judge that reads the dense reference where the quantized one is required passes an
+    integer path that skips Q8: what the wrong-reference tests above catch."""
+    d = data("integer", "bf16")
+    y = torch.from_numpy(d["D"]).to(torch.bfloat16)
+    real = checks.Inputs.reference
+    monkeypatch.setattr(checks.Inputs, "reference", lambda self, which: real(self, "dense"))
+    assert checks.RMS_QUANTIZED not in judge(d, y).failed
