@@ -11,9 +11,13 @@ A capture directory holds
   compared ("bits", see below) and the CPU it was captured on ("isa"), torch and triton
   versions, GPU name or 'interpreter', commit and date.
 
-`verify` recomputes every case and compares it with the capture; it also fails every case the
-code expects for the backend (cases(key)) that the capture lacks, and every case whose stored
-bytes do not match their sha256. A missing capture raises NoCapture: a failure for a backend in
+`verify` recomputes every case twice, each run into a fresh output buffer whose storage is
+neither the other run's nor the golden's (a kernel that returns or rewrites a buffer it returned
+before cannot make a comparison compare a tensor with itself), and compares the whole output with
+the capture's whole tensor (a stored tensor that is not the case's full shape is an integrity
+failure); it also fails every case the code expects for the backend (cases(key)) that the capture
+lacks or refused, every case whose stored bytes do not match their sha256, a folder holding files
+its manifest does not list, and a capture of another backend than the one running. A missing capture raises NoCapture: a failure for a backend in
 COMMITTED (the capture is in git), reported with how to capture; a file whose hash does not
 match the manifest raises GoldenIntegrityError naming the cases it holds (an error, never a
 pass); a kernel whose source changed while its output still matches is reported as 'source
@@ -97,17 +101,34 @@ def default_dir(key: str | None = None) -> Path:
     return GOLDEN / (key or backend.golden_key())
 
 
-def capture_hint(key: str, paths=None) -> str:
-    dev = "cpu" if key == "interpreter" else "cuda"
+def _dev(key: str) -> str:
+    return "cpu" if key == "interpreter" else "cuda"
+
+
+def capture_hint(key: str, paths=None, d: Path | None = None, *, model: bool = False) -> str:
+    """The command, runnable from the checkout, that makes the capture `d` (default: the
+    backend's committed folder)."""
     only = f" --paths {','.join(paths)}" if paths else ""
-    return f"pq2verify --device {dev} golden capture{only}   (writes golden/{key}/; commit it)"
+    where = "" if d is None or _is_default(d, key) else f" --dir {d}"
+    return f"./pq2 --device {_dev(key)} golden capture{' --model' if model else ''}{only}{where}"
+
+
+def _is_default(d: Path, key: str) -> bool:
+    return Path(d).resolve() in (default_dir(key).resolve(), (default_dir(key) / "model").resolve())
 
 
 def repro(key: str, case_id: str, d: Path | None = None) -> str:
-    """The one-line command that re-runs this case's verification."""
-    dev = "cpu" if key == "interpreter" else "cuda"
+    """The one-line command, runnable from the checkout, that re-runs this case's verification."""
     where = "" if d is None or Path(d).resolve() == default_dir(key).resolve() else f" --dir {d}"
-    return f"pq2verify --device {dev} golden verify{where} --case '{case_id}'"
+    return f"./pq2 --device {_dev(key)} golden verify{where} --case '{case_id}'"
+
+
+def existing_captures() -> list[str]:
+    """The capture folders under golden/ (case captures and model captures), for messages."""
+    out = []
+    for m in sorted(GOLDEN.glob("*/" + MANIFEST)) + sorted(GOLDEN.glob("*/model/" + MANIFEST)):
+        out.append(m.parent.relative_to(provenance.ROOT).as_posix())
+    return sorted(out)
 
 
 # --- bits that depend on the CPU (see the module docstring) ----------------------------------
@@ -290,10 +311,13 @@ def make_x(c: checks.Case) -> torch.Tensor:
     return inputs.activations(c.m, c.k, c.seed, c.kind, checks.DTYPES[c.dtype], "cpu")
 
 
-def run_case(c: checks.Case, x: torch.Tensor, w, device, *, kernel=None) -> torch.Tensor:
-    """The path's output bytes (on the CPU) for stored x: strided cases read x from a buffer
-    twice as wide whose other half is NaN; the output is pre-filled with NaN. `kernel` replaces
-    the path's run (pq2verify.selftest runs broken variants against the captures)."""
+def run_case(c: checks.Case, x: torch.Tensor, w, device, *, kernel=None, avoid=(), keep=None) -> torch.Tensor:
+    """The path's output bytes (a CPU copy the caller owns) for stored x: strided cases read x
+    from a buffer twice as wide whose other half is NaN; the output is a fresh buffer pre-filled
+    with NaN, which the kernel must fill and return. avoid: tensors (an earlier run's output, the
+    golden) whose storage the result must not be; keep: a list that receives the kernel's buffer.
+    `kernel` replaces the path's run (pq2verify.selftest runs broken variants against the
+    captures)."""
     p = registry.get(c.path)
     xd = x.to(device)
     if c.strided:
@@ -303,8 +327,21 @@ def run_case(c: checks.Case, x: torch.Tensor, w, device, *, kernel=None) -> torc
     out = torch.full((c.m, c.n), float("nan"), dtype=xd.dtype, device=device)
     y = (kernel or p.kernel())(xd, w, out=out)
     if y.data_ptr() != out.data_ptr():
-        raise AssertionError(f"{p.name}.run ignored out=")
-    return y.cpu()
+        raise AssertionError(f"{p.name}.run ignored out= (it returned another buffer)")
+    if tuple(y.shape) != (c.m, c.n):
+        raise AssertionError(f"{p.name}.run returned {tuple(y.shape)}, the case's output is {(c.m, c.n)}")
+    for t in avoid:
+        if _storage(t) == _storage(y):
+            raise AssertionError(f"{p.name}.run returned the storage of an earlier result: comparing the two "
+                                 "would compare a tensor with itself")
+    if keep is not None:
+        keep.append(y)          # alive, so no later fresh buffer can take its address
+    # a copy the harness owns: a kernel that later writes into a buffer it returned cannot change it
+    return y.detach().to("cpu", copy=True)
+
+
+def _storage(t: torch.Tensor) -> tuple:
+    return (t.device, t.untyped_storage().data_ptr())
 
 
 def numerics(c: checks.Case, x: torch.Tensor, w, y: torch.Tensor) -> str | None:
@@ -376,9 +413,10 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
         data, meta = weights[wkey]
         x = make_x(c)
         w = weight_for(c, data, device)
-        y = run_case(c, x, w, device)
+        bufs = []
+        y = run_case(c, x, w, device, keep=bufs)
         why = None if force else numerics(c, x, w, y)
-        if why is None and not same_bits(run_case(c, x, w, device), y):
+        if why is None and not same_bits(run_case(c, x, w, device, avoid=bufs), y):
             why = "a rerun gave other bytes (not deterministic)"
         if why is not None:
             refused.append((c, why))
@@ -453,25 +491,26 @@ class Golden:
         return _load_tensors(self.dir, name)
 
 
-def load(d: Path) -> Golden:
-    """The capture in d, its files checked against the manifest's hashes."""
+class OtherBackend(GoldenIntegrityError):
+    """A capture of another backend than the one running: its bits class and its expected
+    cases are those of its own backend, so it is never compared here."""
+
+
+def load(d: Path, kind: str | None = None) -> Golden:
+    """The capture in d, its files checked against the manifest's hashes, and nothing in the
+    folder that the manifest does not list. kind: 'model' or 'cases' where the caller knows which
+    capture it wants (the advice for a missing one names the right command)."""
     d = Path(d)
     f = d / MANIFEST
     if not f.exists():
-        model = d.name == "model"                        # golden/<key>/model: golden_model's capture
-        key = d.parent.name if model else d.name
-        sub = "/model" if model else ""
-        committed = (f" The capture golden/{key}{sub} is committed: restore it (git checkout -- golden/{key}{sub}) or"
-                     if key in (MODEL_COMMITTED if model else COMMITTED) else "")
-        hint = capture_hint(key).replace(" capture", " capture --model", 1) if model else capture_hint(key)
-        raise NoCapture(f"no golden {'model ' if model else ''}capture for backend '{key}' ({f} is missing)."
-                        f"{committed} capture with: {hint}")
+        raise NoCapture(_no_capture(d, kind))
     try:
         man = json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise GoldenIntegrityError(f"{f}: not valid JSON ({e})") from None
-    if man.get("format") not in READABLE:
-        raise GoldenIntegrityError(f"{f}: format {man.get('format')!r}, this pq2verify reads formats "
+    if not isinstance(man, dict) or man.get("format") not in READABLE:
+        fmt = man.get("format") if isinstance(man, dict) else None
+        raise GoldenIntegrityError(f"{f}: format {fmt!r}, this pq2verify reads formats "
                                    f"{', '.join(map(str, READABLE))}")
     for name, want in sorted(man.get("files", {}).items()):
         p = d / name
@@ -482,10 +521,47 @@ def load(d: Path) -> Golden:
             raise GoldenIntegrityError(f"{p}: sha256 {got[:16]}… does not match the manifest's {want[:16]}… "
                                        "(the file was changed after capture; recapture, never edit by hand)"
                                        + _naming(d, man, name))
+    extra = unlisted(d, man)
+    if extra:
+        raise GoldenIntegrityError(f"{d} holds {len(extra)} file(s) its manifest does not list: {', '.join(extra)} "
+                                   "(a capture holds only what its manifest vouches for; remove them, or recapture)")
     for e in man.get("cases", []):
         if e["file"] not in man["files"]:
             raise GoldenIntegrityError(f"{f}: case {e['id']} names {e['file']}, which the manifest does not list")
     return Golden(d, man)
+
+
+def unlisted(d: Path, man: dict) -> list[str]:
+    """Entries of the capture folder that its manifest does not list (a case capture may hold
+    its backend's model capture in model/, which is checked on its own)."""
+    listed = set(man.get("files", {})) | {MANIFEST}
+    model_ok = man.get("kind") != "model"
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in Path(d).iterdir()
+                  if p.name not in listed and not (model_ok and p.name == "model" and p.is_dir()))
+
+
+def _no_capture(d: Path, kind: str | None) -> str:
+    """Why d is not a capture, what exists instead, and how to make one."""
+    model = kind == "model" or (kind is None and d.name == "model")
+    key = d.parent.name if d.name == "model" else d.name
+    known = key in (MODEL_COMMITTED if model else COMMITTED)
+    here = ", ".join(existing_captures()) or "none"
+    what = "model capture" if model else "capture"
+    if _is_default(d, key):
+        committed = (f" It is committed: restore it (git checkout -- golden/{key}{'/model' if model else ''}), or"
+                     if known else "")
+        return (f"no golden {what} for backend '{key}' ({d / MANIFEST} is missing).{committed} capture with: "
+                f"{capture_hint(key, d=d, model=model)}")
+    dev = _dev(backend.golden_key())
+    how = (f"./pq2 --device {dev} golden capture --model --dir {d}" if model else
+           f"./pq2 --device {dev} golden capture --dir {d}" if kind == "cases" else
+           f"./pq2 --device {dev} golden capture --dir {d} (or with --model, for the GSM8K model's projections)")
+    if not d.exists():
+        return f"{d}: no such folder. Captures in this checkout: {here}. Make one there with: {how}"
+    if not d.is_dir():
+        return f"{d}: not a folder. Captures in this checkout: {here}"
+    return (f"{d} holds no {MANIFEST}, so it is not a golden {what}. Captures in this checkout: {here}. "
+            f"Make one there with: {how}")
 
 
 def damaged_cases(d: Path, man: dict, name: str) -> list[str]:
@@ -569,6 +645,7 @@ class _Inputs:
     """Stored tensors and regenerated weights of one capture, loaded once."""
 
     def __init__(self, g: Golden):
+        check_backend(g)
         self.g, self.stored, self.ys, self.w = g, g.tensors(INPUTS), {}, {}
         self.isa = isa()            # this machine's key, for the isa-dependent paths
 
@@ -579,6 +656,7 @@ class _Inputs:
         if "x_sha256" in e and tensor_sha256(t) != e["x_sha256"]:
             raise GoldenIntegrityError(f"{INPUTS}: activations {e['x']} of {e['id']} do not match their "
                                        "recorded sha256")
+        _whole(t, (e["m"], e["k"]), e["dtype"], f"{INPUTS}: activations {e['x']} of {e['id']}")
         return t
 
     def weight(self, key: str) -> torch.Tensor:
@@ -602,7 +680,27 @@ class _Inputs:
             raise GoldenIntegrityError(f"{e['file']} has no output for case {e['id']}")
         if tensor_sha256(t) != e["y_sha256"]:
             raise GoldenIntegrityError(f"{e['file']}: output of {e['id']} does not match its recorded sha256")
+        _whole(t, (e["m"], e["n"]), e["dtype"], f"{e['file']}: output of {e['id']}")
         return t
+
+
+def _whole(t: torch.Tensor, shape: tuple, dtype: str, what: str) -> None:
+    """A stored tensor must be the case's whole tensor: a part of it (rows or a prefix), even one
+    its hashes vouch for, would let a comparison cover only that part."""
+    want = checks.DTYPES[dtype]
+    if tuple(t.shape) != tuple(shape) or t.dtype != want:
+        raise GoldenIntegrityError(f"{what} is {tuple(t.shape)} {t.dtype}, the case's whole tensor is "
+                                   f"{tuple(shape)} {want}: the capture does not hold all of it")
+
+
+def check_backend(g: Golden) -> None:
+    """Refuse a capture of another backend: the code decides a case's bits class and the cases
+    it expects from the backend that runs, never from the manifest's word for it."""
+    here, there = backend.golden_key(), g.manifest.get("backend_key")
+    if there != here:
+        raise OtherBackend(f"{g.dir} holds the capture of backend {there!r}; this run is on {here!r} "
+                           f"(--device {_dev(here)}). Verify it on its own backend, or use this backend's: "
+                           f"golden/{here}")
 
 
 def compare(y: torch.Tensor, want: torch.Tensor) -> tuple[str, str]:
@@ -670,8 +768,9 @@ def compare_bound(y: torch.Tensor, want: torch.Tensor, bound: np.ndarray) -> tup
 
 def comparison(g: Golden, p: registry.Path, now: dict) -> str:
     """'exact' for an exact path, and for an isa-dependent one captured on this ISA key; else
-    'bound (what differs)'."""
-    if bits_class(g.manifest.get("backend_key", ""), p)[0] == "exact":
+    'bound (what differs)'. The class comes from the registry entry and the running backend;
+    the manifest only says on which CPU an isa-dependent path was captured."""
+    if bits_class(backend.golden_key(), p)[0] == "exact":
         return "exact"
     why = isa_difference(g.manifest["paths"].get(p.name, {}).get("isa"), now)
     return "exact (ISA as captured)" if not why else f"bound ({why})"
@@ -692,14 +791,37 @@ def verify_entry(g: Golden, ins: "_Inputs", e: dict, device, *, kernel=None) -> 
     w = weight_for(c, data, device)
     how = comparison(g, p, ins.isa)
     try:
-        y = run_case(c, x, w, device, kernel=kernel)
+        # two runs, each into a fresh buffer, neither the storage of the other nor of the golden
+        bufs = []
+        y = run_case(c, x, w, device, kernel=kernel, avoid=(want,), keep=bufs)
+        y2 = run_case(c, x, w, device, kernel=kernel, avoid=(want, *bufs), keep=bufs)
     except Exception as ex:     # a crash is that case's failure, not the whole verification
         return Outcome(c, "error", f"raised {type(ex).__name__}: {ex}", changed, how)
     if how.startswith("bound"):
         status, detail = compare_bound(y, want, fold_bound(p, c, x, w, y, want))
     else:
         status, detail = compare(y, want)
+    if not same_bits(y, y2):
+        rerun = "a rerun gave other bytes (not deterministic): " + compare(y2, y)[1].replace("vs captured", "vs the first run")
+        status, detail = "different", f"{detail}; {rerun}" if detail and status == "different" else rerun
+    conflict = bits_conflict(g, p)
+    if conflict:
+        status, detail = ("integrity", conflict) if status in ("identical", "within bound") else \
+            (status, f"{detail}; {conflict}")
     return Outcome(c, status, detail, changed, how)
+
+
+def bits_conflict(g: Golden, p: registry.Path) -> str:
+    """'' if the manifest's bits record of the path is the code's class, else what disagrees: a
+    capture made under another class is stale (the code compares by its own class either way)."""
+    rec = g.manifest.get("paths", {}).get(p.name, {})
+    if "bits" not in rec:          # format 1: no record (read as the code's class)
+        return ""
+    cls = bits_class(backend.golden_key(), p)[0]
+    if rec["bits"] == cls:
+        return ""
+    return (f"the manifest records bits {rec['bits']!r} for {p.name}, the code decides {cls!r} (compared as "
+            f"{cls}); the capture predates the path's class: recapture it")
 
 
 def missing(g: Golden, paths=None, ids=None) -> list[Outcome]:
@@ -714,7 +836,7 @@ def missing(g: Golden, paths=None, ids=None) -> list[Outcome]:
             continue
         why = f"refused at capture ({refused[c.id]})" if c.id in refused else "not in the capture"
         out.append(Outcome(c, "missing", f"expected on backend {key} but {why}; capture it: "
-                                         f"{capture_hint(key, [c.path])}"))
+                                         f"{capture_hint(key, [c.path], g.dir)}"))
     return out
 
 

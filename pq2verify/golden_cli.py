@@ -1,16 +1,20 @@
 """pq2verify golden capture | verify: frozen output bytes per backend (pq2verify.golden).
 
-  pq2verify golden capture [--kernels SET] [--paths a,b] [--backend auto] [--force] [--model]
-  pq2verify golden verify  [--kernels SET] [--paths a,b] [--backend auto] [--case ID] [--json F] [--allow-missing] [--model]
+  ./pq2 golden capture [--kernels SET] [--paths a,b] [--backend auto] [--dir D] [--force] [--model]
+  ./pq2 golden verify  [--kernels SET] [--paths a,b] [--backend auto] [--dir D] [--case ID] [--json F] [--html F] [--model]
 
-A missing capture, and a capture that lacks a case the code expects, are failures (exit 1).
+A missing capture, a capture that lacks a case the code expects, and a run that verified nothing
+are failures (exit 1); bad input, an option the mode cannot honour and a --dir that holds no
+capture are usage errors (exit 2), refused before any work; an output file that cannot be written
+after the verdict is printed is exit 3.
 """
 import argparse
 import json
 import sys
 from pathlib import Path
 
-from .cli import UsageError, check_writable
+from . import outputs
+from .cli import UsageError, check_writable, names, nonempty
 
 
 def register(sub):
@@ -19,11 +23,12 @@ def register(sub):
     for name, text in (("capture", "run the fixed cases of every path and record inputs and output bytes"),
                        ("verify", "recompute every captured case and require identical bytes")):
         p = gs.add_parser(name, help=text)
-        p.add_argument("--kernels", default=None, help="only paths the set can serve: legacy, exact or tuned")
-        p.add_argument("--paths", default=None, help="comma-separated path names (default: all)")
+        p.add_argument("--kernels", default=None, type=nonempty,
+                       help="only paths the set can serve: legacy, exact or tuned")
+        p.add_argument("--paths", default=None, type=names, help="comma-separated path names (default: all)")
         p.add_argument("--backend", default="auto", choices=("auto", "interpreter", "cuda"),
                        help="auto: the --device choice; interpreter: the CPU with TRITON_INTERPRET=1")
-        p.add_argument("--dir", "--out", dest="dir", default=None,
+        p.add_argument("--dir", "--out", dest="dir", default=None, type=nonempty,
                        help="capture directory (default: golden/<backend key>, e.g. golden/sm90)")
         p.add_argument("--model", action="store_true",
                        help="the GSM8K model's PQ2 projections at decode positions 1, 32, 128 (needs pq2verify.gsm8k.model)")
@@ -31,16 +36,13 @@ def register(sub):
     cap = gs.choices["capture"]
     cap.add_argument("--force", action="store_true", help="capture even cases whose numerics check fails")
     ver = gs.choices["verify"]
-    ver.add_argument("--case", action="append", default=[], help="verify only this case id (repeatable)")
+    ver.add_argument("--case", action="append", default=[], type=nonempty,
+                     help="verify only this case id (repeatable; ids as --list-cases golden prints them)")
     ver.add_argument("--json", default=None, help="write every outcome to this file")
     ver.add_argument("--html", default=None, help="also write a self-contained HTML report (failures first)")
-    ver.add_argument("--allow-missing", action="store_true",
-                     help="a missing capture directory or manifest is a SKIP (exit 0) instead of a failure")
+    # refused (see _check_args): a run that verified nothing is never a pass
+    ver.add_argument("--allow-missing", action="store_true", help=argparse.SUPPRESS)
     ver.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)   # the default now; kept for old scripts
-
-
-def _csv(s):
-    return None if s is None else [v.strip() for v in s.split(",") if v.strip()]
 
 
 def _select_backend(choice: str) -> str:
@@ -53,10 +55,22 @@ def _select_backend(choice: str) -> str:
         raise UsageError(f"--backend {choice}: {e}") from None
 
 
+# options that --model cannot honour: a model capture records every PQ2 projection of the model
+_NOT_WITH_MODEL = (("paths", "--paths"), ("kernels", "--kernels"), ("case", "--case"), ("force", "--force"),
+                   ("json", "--json"), ("html", "--html"))
+
+
 def _check_args(args):
     from . import registry
-    names = _csv(args.paths)
-    for n in names or ():
+    if getattr(args, "allow_missing", False):
+        raise UsageError("--allow-missing: refused; a missing capture verifies nothing, and a run that verified "
+                         "nothing is a failure, never a skip that exits 0")
+    if args.model:
+        for attr, opt in _NOT_WITH_MODEL:
+            if getattr(args, attr, None):
+                raise UsageError(f"{opt}: not honoured with --model (a model capture holds every PQ2 projection "
+                                 "of the model, verified as a whole)")
+    for n in args.paths or ():
         if n not in registry.BY_NAME:
             raise UsageError(f"--paths: unknown path {n!r}; known paths: {', '.join(registry.BY_NAME)}")
     if args.kernels is not None:
@@ -65,45 +79,72 @@ def _check_args(args):
             check_name(args.kernels, "--kernels ")
         except ValueError as e:
             raise UsageError(str(e)) from None
-    return names
+    return args.paths
+
+
+def _no_capture_dir(d: Path, kind: str) -> None:
+    """An explicit --dir must hold a capture: a typo is bad input, said as such, with what exists."""
+    from . import golden
+    if not (d / golden.MANIFEST).exists():
+        raise UsageError(f"--dir {golden._no_capture(d, kind)}")
+
+
+def _capture_target(d: Path, key: str, model: bool) -> None:
+    """Refuse a capture that would merge into another backend's capture (or another kind of
+    capture), or scatter its files into a folder that holds other things."""
+    from . import golden
+    if (d / golden.MANIFEST).exists():
+        try:
+            man = json.loads((d / golden.MANIFEST).read_text())
+            there, kind = man.get("backend_key"), man.get("kind", "cases")
+        except (json.JSONDecodeError, AttributeError):
+            return                                    # golden.capture reports the broken manifest
+        if (kind == "model") != model:
+            raise UsageError(f"--dir {d}: holds a {kind} capture; a {'model' if model else 'cases'} capture "
+                             "needs its own folder")
+        if there != key:
+            raise UsageError(f"--dir {d}: holds the capture of backend {there!r}; this run is on {key!r}, and "
+                             "merging would mix two backends' bits; choose another folder")
+    elif d.is_dir() and any(d.iterdir()):
+        raise UsageError(f"--dir {d}: holds files and no {golden.MANIFEST}; a capture needs a new or empty folder")
 
 
 def run(args) -> int:
-    names = _check_args(args)
+    asked = _check_args(args)
     device = _select_backend(args.backend)
     from . import backend, golden
-    asked = names
-    names = [p.name for p in golden.select_paths(names, args.kernels)]
-    if not names:      # an empty selection must not verify nothing (or everything) and pass
-        raise UsageError(f"no path matches --kernels {args.kernels} --paths {','.join(asked)}")
+    names_ = [p.name for p in golden.select_paths(asked, args.kernels)]
+    if not names_:      # an empty selection must not verify nothing (or everything) and pass
+        raise UsageError(f"no path matches --kernels {args.kernels} --paths {','.join(asked or ())}")
     key = backend.golden_key()
     dest = Path(args.dir) if args.dir else golden.default_dir(key)
-    # output paths before any work: a run must not be lost at its end
+    target = dest / "model" if args.model else dest
+    # every input and output before any work: a run must not be lost, or destroy its input, at its end
     if args.golden_command == "capture":
-        check_writable(dest / "model" if args.model else dest, "--dir", directory=True, make_parents=True)
+        check_writable(target, "--dir", directory=True, make_parents=True)
+        _capture_target(target, key, args.model)
     else:
-        for opt, fn in (("--json", args.json), ("--html", getattr(args, "html", None))):
-            if fn:
-                check_writable(fn, opt)
+        if args.dir:
+            _no_capture_dir(target, "model" if args.model else "cases")
+        outputs.check([("--json", args.json), ("--html", args.html)], [("--dir", dest)])
     if args.model:
         from . import golden_model
         try:
             if args.golden_command == "capture":
-                golden_model.capture_model(dest / "model", device)
+                golden_model.capture_model(target, device)
                 return 0
-            return _verify_model(dest / "model", device, args)
+            return _verify_model(target, device, args, key)
         except golden_model.ModelRunnerMissing as e:
-            print(f"pq2verify golden: {e}", file=sys.stderr)
-            return 2
+            raise UsageError(str(e)) from None
     if args.golden_command == "capture":
-        return _capture(dest, key, names, device, args)
-    return _verify(dest, names, device, args)
+        return _capture(dest, key, names_, device, args)
+    return _verify(dest, names_, device, args, key)
 
 
-def _importable(names):
+def _importable(names_):
     from . import registry
     ok, missing = [], []
-    for n in names:
+    for n in names_:
         try:
             registry.get(n).kernel()
             ok.append(n)
@@ -119,9 +160,9 @@ def _progress(s: str) -> None:
         print(s, file=sys.stderr)
 
 
-def _capture(dest, key, names, device, args) -> int:
+def _capture(dest, key, names_, device, args) -> int:
     from . import golden
-    ok, missing = _importable(names)
+    ok, missing = _importable(names_)
     todo = golden.cases(key, ok)
     print(f"golden capture: {len(todo)} cases of {len(ok)} paths on {key} into {dest}", file=sys.stderr)
     try:
@@ -133,43 +174,72 @@ def _capture(dest, key, names, device, args) -> int:
     print(file=sys.stderr)
     size = sum(f.stat().st_size for f in dest.iterdir() if f.is_file())
     captured = sorted({e["path"] for e in man["cases"]})
-    print(f"captured: {len(man['cases'])} cases of {', '.join(captured)}; {size / 1e6:.2f} MB in {dest}")
+    print(f"captured: {len(man['cases'])} cases of {', '.join(captured) or 'no path'}; {size / 1e6:.2f} MB in {dest}")
     for r in man["refused"]:
         print(f"REFUSED {r['id']}: {r['why']}  (fix the kernel, or --force to capture anyway)")
     for m in missing:
         print(f"MISSING kernel {m}: not captured")
-    return 1 if man["refused"] or missing else 0
+    return 1 if man["refused"] or missing or not man["cases"] else 0
 
 
-def _missing_capture(console_print, e, args) -> int:
-    """A capture that is not there: a failure, a SKIP only with --allow-missing."""
-    if args.allow_missing:
-        console_print(f"SKIP (--allow-missing): {e}")
-        return 0
-    console_print(f"FAIL: {e}\n  (a missing capture is a failure; --allow-missing makes it a skip)")
-    return 1
+def _verify_repro(key, dest, model=False) -> str:
+    from . import golden
+    dest = Path(dest)
+    if model and dest.name == "model":        # --dir names the folder that holds model/
+        dest = dest.parent
+    where = "" if golden._is_default(dest, key) else f" --dir {dest}"
+    return f"./pq2 --device {golden._dev(key)} golden verify{' --model' if model else ''}{where}"
 
 
-def _verify(dest, names, device, args) -> int:
+def _load(dest, args, key, kind, say):
+    """(Golden, None) or (None, exit code) with the failure said: a missing default capture is a
+    failure (exit 1), a damaged one an error (exit 1), another backend's a usage error."""
+    from . import golden
+    try:
+        g = golden.load(dest, kind=kind)
+        golden.check_backend(g)
+        return g, None
+    except golden.NoCapture as e:
+        say(f"FAIL: {e}\n  nothing was verified; a missing capture is a failure\n"
+            f"  reproduce: {_verify_repro(key, dest, kind == 'model')}")
+        return None, 1
+    except golden.OtherBackend as e:
+        if args.dir:
+            raise UsageError(f"--dir {e}") from None
+        say(f"ERROR (integrity): {e}\n  reproduce: {_verify_repro(key, dest, kind == 'model')}")
+        return None, 1
+    except golden.GoldenIntegrityError as e:
+        msg = str(e)
+        if "reproduce:" not in msg:
+            msg += f"\n  reproduce: {_verify_repro(key, dest, kind == 'model')}"
+        say(f"ERROR (integrity): {msg}")
+        return None, 1
+
+
+def known_ids(g, key: str, names_) -> set[str]:
+    """The case ids `--case` accepts for this selection: captured, or expected by the code (the
+    ids `--list-cases golden` prints)."""
+    from . import golden
+    return {e["id"] for e in g.manifest["cases"] if e["path"] in names_} | {c.id for c in golden.cases(key, names_)}
+
+
+def _verify(dest, names_, device, args, key) -> int:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from . import golden
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)   # logs: no squeezed table
-    try:
-        g = golden.load(dest)
-    except golden.NoCapture as e:
-        return _missing_capture(lambda m: console.print(escape(m), soft_wrap=True), e, args)
-    except golden.GoldenIntegrityError as e:
-        console.print(f"[red bold]ERROR[/] (integrity): {escape(str(e))}", soft_wrap=True)
-        return 1
-    key = g.manifest["backend_key"]
-    known = {e["id"] for e in g.manifest["cases"]} | {c.id for c in golden.cases(key, names)}
+    g, rc = _load(dest, args, key, "cases", lambda m: console.print(escape(m), soft_wrap=True))
+    if g is None:
+        return rc
+    known = known_ids(g, key, names_)
     unknown = [i for i in args.case if i not in known]
     if unknown:
-        raise UsageError(f"--case {unknown[0]!r}: not a golden case of backend {key} (captured or expected)")
-    outcomes = golden.verify(g, device, paths=names, ids=args.case or None)
+        anywhere = known_ids(g, key, [p.name for p in golden.select_paths()])
+        why = "outside the selected paths" if unknown[0] in anywhere else f"not a golden case of backend {key} (captured or expected)"
+        raise UsageError(f"--case {unknown[0]!r}: {why}; ./pq2 --list-cases golden prints the ids")
+    outcomes = golden.verify(g, device, paths=names_, ids=args.case or None)
     table = Table(title=f"golden {dest} (captured {g.manifest.get('date', '?')} on {g.manifest.get('backend', '?')}, "
                         f"commit {g.manifest.get('commit', '?')})")
     for col in ("path", "cases", "identical", "within bound", "different", "missing", "errors", "compared",
@@ -195,24 +265,30 @@ def _verify(dest, names, device, args) -> int:
                           soft_wrap=True)
     for o in outcomes:
         if not o.ok:
-            console.print(f"[red]FAIL[/] {escape(o.message())}\n  reproduce: {golden.repro(key, o.case.id, dest)}",
+            console.print(f"[red]FAIL[/] {escape(o.message())}\n  reproduce: {escape(golden.repro(key, o.case.id, dest))}",
                           soft_wrap=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"manifest": {k: v for k, v in g.manifest.items() if k != "cases"}, "isa": golden.isa(),
-                       "outcomes": [{"case": o.case.id, "status": o.status, "comparison": o.comparison,
-                                     "detail": o.detail, "source_changed": o.source_changed} for o in outcomes]},
-                      f, indent=1)
-    if args.html:
-        with open(args.html, "w") as f:
-            f.write(_html(g, outcomes, key, dest))
     n_bad = sum(not o.ok for o in outcomes)
     if not outcomes:
         console.print("[bold]FAIL[/]: no golden case was verified (nothing captured or expected for this selection)")
-        return 1
-    console.print(f"[bold]{'PASS' if not n_bad else 'FAIL'}[/]: {len(outcomes) - n_bad} of {len(outcomes)} "
-                  "golden cases identical or within their bound")
-    return 1 if n_bad else 0
+    else:
+        console.print(f"[bold]{'PASS' if not n_bad else 'FAIL'}[/]: {len(outcomes) - n_bad} of {len(outcomes)} "
+                      "golden cases identical or within their bound")
+    ok = bool(outcomes) and not n_bad
+    # the verdict is printed: a failed write below is exit 3 and loses nothing else
+    outputs.write_all([("--json", args.json, lambda: _json(g, outcomes, key, dest, ok)),
+                       ("--html", args.html, lambda: _html(g, outcomes, key, dest))])
+    return 0 if ok else 1
+
+
+def _json(g, outcomes, key, dest, ok) -> str:
+    from . import golden
+    return json.dumps({"manifest": {k: v for k, v in g.manifest.items() if k != "cases"}, "isa": golden.isa(),
+                       "ok": ok, "complete": True, "verified": len(outcomes),
+                       "failed": sum(not o.ok for o in outcomes),
+                       "outcomes": [{"case": o.case.id, "status": o.status, "comparison": o.comparison,
+                                     "detail": o.detail, "source_changed": o.source_changed,
+                                     **({} if o.ok else {"reproduce": golden.repro(key, o.case.id, dest)})}
+                                    for o in outcomes]}, indent=1) + "\n"
 
 
 def _html(g, outcomes, key, dest) -> str:
@@ -230,17 +306,17 @@ def _html(g, outcomes, key, dest) -> str:
     return h.page(f"pq2verify golden verify ({key})", body)
 
 
-def _verify_model(dest, device, args) -> int:
-    from . import golden, golden_model
-    try:
-        res = golden_model.verify_model(dest, device)
-    except golden.NoCapture as e:
-        return _missing_capture(print, e, args)
-    except golden.GoldenIntegrityError as e:
-        print(f"ERROR (integrity): {e}")
-        return 1
+def _verify_model(dest, device, args, key) -> int:
+    from . import golden_model
+    g, rc = _load(dest, args, key, "model", print)
+    if g is None:
+        return rc
+    res = golden_model.verify_model(dest, device)
     bad = [r for r in res if r[1] != "identical"]
-    for key, status, detail in bad:
-        print(f"FAIL {key}: {status} {detail}")
+    for k, status, detail in bad:
+        print(f"FAIL {k}: {status} {detail}\n  reproduce: {_verify_repro(key, dest, True)}")
+    if not res:
+        print("FAIL: the model capture holds no projection call; nothing was verified")
+        return 1
     print(f"{'PASS' if not bad else 'FAIL'}: {len(res) - len(bad)} of {len(res)} model projections identical")
     return 1 if bad else 0

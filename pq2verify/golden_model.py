@@ -147,9 +147,9 @@ def capture_model(dest: Path, device, *, positions=POSITIONS, log=print) -> dict
 def verify_model(dest: Path, device, *, log=None) -> list[tuple[str, str, str]]:
     """(key, status, detail) per recorded call: the recorded x through the recorded path on the
     model's weight must give the recorded y, byte for byte."""
-    g = load(dest)
+    g = load(dest, kind="model")
     if g.manifest.get("kind") != "model":
-        raise GoldenIntegrityError(f"{dest}: not a model capture")
+        raise GoldenIntegrityError(f"{dest}: not a model capture (golden capture --model writes one)")
     conv = runner().prepare(None, None, device)
     by_name = {name: w for name, w in pq2_weights(conv.model).values()}
     t = g.tensors("model.safetensors")
@@ -163,9 +163,18 @@ def verify_model(dest: Path, device, *, log=None) -> list[tuple[str, str, str]]:
             out.append((r["key"], "error", "no such PQ2 weight in the model"))
         elif sha[r["layer"]] != r["weight_sha256"]:
             out.append((r["key"], "error", "the model's weight differs from the captured one"))
+        elif r["key"] + "/x" not in t or r["key"] + "/y" not in t:
+            out.append((r["key"], "integrity", "model.safetensors lacks its x or y"))
+        elif tensor_sha256(t[r["key"] + "/y"]) != r["y_sha256"]:
+            out.append((r["key"], "integrity", "its stored y does not match the recorded sha256"))
+        elif tuple(t[r["key"] + "/x"].shape) != (t[r["key"] + "/y"].shape[0], w.k) or \
+                tuple(t[r["key"] + "/y"].shape) != (t[r["key"] + "/x"].shape[0], w.n):
+            out.append((r["key"], "integrity", f"stored x {tuple(t[r['key'] + '/x'].shape)} and y "
+                        f"{tuple(t[r['key'] + '/y'].shape)} are not a whole call on the {w.n}x{w.k} weight"))
         else:
             x, want = t[r["key"] + "/x"], t[r["key"] + "/y"]
-            y = dispatch.pq2_matmul(x.to(device), w, path=r["path"]).cpu()
+            # a fresh copy per call: the comparison never reads a buffer the kernel returned before
+            y = dispatch.pq2_matmul(x.to(device, copy=True), w, path=r["path"]).to("cpu", copy=True)
             out.append((r["key"], *compare(y, want)))
         if log:
             log(out[-1])

