@@ -2,7 +2,7 @@
 check, golden, bench, selftest and the tests draw their cases from.
 
 A case is (path, shape, N, K, M, dtype, layout, activation kind, strided, seed); its id is
-also its filter (`pq2verify check --case ID`). Inputs depend on the shape, M, dtype, kind and
+also its filter (`./pq2 check --case ID`, from the checkout). Inputs depend on the shape, M, dtype, kind and
 strided flag, never on the path or the layout, so a path and its counterpart read the same
 values and the layout changes bytes only. Weights are seeded by the shape alone.
 
@@ -42,6 +42,26 @@ GOLDEN_SHAPES = {
 }
 GOLDEN_MS = {"interpreter": (1, 2, 17), "gpu": (1, 4, 17, 64)}
 PROFILES = ("check", "golden", "bench", "selftest")
+# shape labels of hand-made cases (tests, forced-config probes): any N x K; every other label
+# names a shape of the suite and must have its size
+FREE_SHAPES = ("t", "forced")
+# the command a reproduce line gives: it works from the checkout, venv active or not
+RUN = "./pq2"
+
+
+def shape_sizes() -> dict[str, set[tuple[int, int]]]:
+    """Every shape label the suite's profiles use, with the sizes it may have (a golden label
+    has one size per backend)."""
+    out: dict[str, set[tuple[int, int]]] = {}
+    for sets in SHAPES.values():
+        for ss in sets.values():
+            for name, n, k in ss:
+                out.setdefault(name, set()).add((n, k))
+    for sets in GOLDEN_SHAPES.values():
+        for ss in sets.values():
+            for name, n, k, _ in ss:
+                out.setdefault(name, set()).add((n, k))
+    return out
 
 
 @dataclass(frozen=True)
@@ -63,7 +83,7 @@ class Case:
         return s + (":strided" if self.strided else "") + f":seed{self.seed}"
 
     def repro(self) -> str:
-        return f"pq2verify check --case {self.id}"
+        return f"{RUN} check --case {self.id}"
 
     @classmethod
     def parse(cls, spec: str) -> "Case":
@@ -97,10 +117,13 @@ class Case:
             raise bad(f"input kind {kind!r}: expected one of {', '.join(ACTIVATION_KINDS)}")
         if n < 1 or k < 1 or not p.serves(m):
             raise bad(f"N, K must be >= 1 and path {path} serves M {p.m_range()}; got {n}x{k}, M={m}")
-        # the check sets' names are unique (golden's "ga" is one size per backend: not checked)
-        known = {s[0]: s[1:3] for sets in SHAPES.values() for ss in sets.values() for s in ss}
-        if known.get(name, (n, k)) != (n, k):
-            raise bad(f"shape {name!r} is {'x'.join(map(str, known[name]))}, not {n}x{k}")
+        sizes = shape_sizes()
+        if name not in sizes and name not in FREE_SHAPES:
+            raise bad(f"shape label {name!r} is not a shape of the suite; expected one of "
+                      f"{', '.join(sizes)}, or {' or '.join(FREE_SHAPES)} for a hand-made size")
+        if name in sizes and (n, k) not in sizes[name]:
+            have = " or ".join(f"{a}x{b}" for a, b in sorted(sizes[name]))
+            raise bad(f"shape {name!r} is {have}, not {n}x{k}")
         return cls(path, name, n, k, m, dtype, layout, kind, strided, seed)
 
 
@@ -117,7 +140,9 @@ def seeded(c: Case) -> Case:
 
 def select_paths(paths=None, kset: str | None = None, key: str | None = None) -> list[registry.Path]:
     """Registry paths by name and/or kernel set (kernelsets.members on backend `key`), in
-    registry order. Unknown names are ValueErrors naming the option."""
+    registry order. Unknown names, an empty list and a name given twice are ValueErrors naming
+    the option (an empty list would silently mean every path)."""
+    _distinct("--paths", paths)
     for n in paths or ():
         if n not in registry.BY_NAME:
             raise ValueError(f"--paths: unknown {n!r}; expected one of {', '.join(registry.BY_NAME)}")
@@ -129,7 +154,21 @@ def select_paths(paths=None, kset: str | None = None, key: str | None = None) ->
     return sel
 
 
+def _distinct(opt: str, vals) -> None:
+    """None means 'the default'; an empty list or a value given twice is refused."""
+    if vals is None:
+        return
+    vals = list(vals)
+    if not vals:
+        raise ValueError(f"{opt}: empty; give at least one value (or leave the option out)")
+    dup = sorted({str(v) for v in vals if vals.count(v) > 1})
+    if dup:
+        raise ValueError(f"{opt}: {', '.join(dup)} given twice")
+
+
 def _validate(ms, dtypes, layouts) -> None:
+    for opt, vals in (("--m", ms), ("--dtype", dtypes), ("--layout", layouts)):
+        _distinct(opt, vals)
     all_layouts = tuple(dict.fromkeys(lay for p in registry.PATHS for lay in p.layouts))
     for opt, vals, known in (("--dtype", dtypes, tuple(DTYPES)), ("--layout", layouts, all_layouts)):
         bad = [v for v in vals or () if v not in known]

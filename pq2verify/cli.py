@@ -108,15 +108,39 @@ SUBCOMMANDS = ("pq2verify.check_cli", "pq2verify.golden_cli", "pq2verify.gsm8k.c
                "pq2verify.selftest_cli", "pq2verify.replay_cli")
 
 
+DESCRIPTION = """\
+pq2verify: the verification suite of the PQ2_0 ternary matrix kernels (Triton). It checks every
+kernel path against FP64 references, freezes their output bytes per backend, gates a kernel
+change on the real activations of a model, times the paths on a GPU, and measures its own power
+with deliberately broken kernels. Without a GPU the kernels run under Triton's interpreter."""
+
+
+def _epilog() -> str:
+    from .outputs import EXIT_CODES
+    codes = "\n".join(f"  {k:<4}{v}" for k, v in EXIT_CODES.items())
+    return f"""\
+each command has its own --help.
+
+exit codes:
+{codes}
+
+examples (from the checkout; ./pq2 sets up .venv on first use):
+  ./pq2 check                               the verdict table on this machine's default shapes
+  ./pq2 --device cpu check --paths native --m 1 --json r.json
+  ./pq2 --list-cases check                  case ids; each runs as: ./pq2 check --case ID"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="pq2verify", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="pq2verify", description=DESCRIPTION, epilog=_epilog(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                     help="cuda, or cpu with Triton's interpreter (default: cuda if present)")
     ap.add_argument("--version", action="version", version=f"pq2verify {_version()}")
     ap.add_argument("--list-paths", action="store_true", help="print the registry's kernel paths and exit")
     ap.add_argument("--list-cases", metavar="PROFILE", default=None,
                     help="print the case ids of a profile (check, golden, bench, selftest) on this "
-                         "backend and exit; each id is also a --case filter")
+                         "backend and exit; every one runs as `check --case ID` (golden ids also as "
+                         "`golden verify --case ID`)")
     sub = ap.add_subparsers(dest="command")
     for name in SUBCOMMANDS:
         try:
@@ -157,10 +181,15 @@ def main(argv=None) -> int:
     except (RuntimeError, ValueError) as e:
         print(f"pq2verify: {e}", file=sys.stderr)
         return 2
+    listing = [o for o, v in (("--list-paths", args.list_paths), ("--list-cases", args.list_cases is not None)) if v]
+    if listing and (len(listing) > 1 or args.command is not None):
+        print(f"pq2verify: error: {listing[0]} prints and exits; it does not combine with "
+              f"{listing[1] if len(listing) > 1 else 'the command ' + repr(args.command)}", file=sys.stderr)
+        return 2
     if args.list_paths:
         print(list_paths())
         return 0
-    if args.list_cases:
+    if args.list_cases is not None:
         from . import cases
         try:
             todo = cases.profile(args.list_cases, backend.golden_key())

@@ -34,6 +34,13 @@ def verdict(ok: bool, text: str) -> str:
     return f'<p class="verdict-{"pass" if ok else "fail"}">{esc(text)}</p>'
 
 
+def problems(title: str, items) -> str:
+    """A red list of why a result is not what its table alone would suggest (not complete, a
+    shard missing, self-checks skipped)."""
+    return (f'<p class="verdict-fail">{esc(title)}</p><ul>'
+            + "".join(f"<li>{esc(v)}</li>" for v in items) + "</ul>")
+
+
 def pre(text: str) -> str:
     return f"<pre>{esc(text)}</pre>"
 

@@ -97,7 +97,7 @@ def test_gate_blocks_a_wrong_kernel(fakes, path, why):
     g = _gate(path)
     assert not g.ok and g.status == "BLOCKED"
     assert why in g.reason
-    assert g.detail["repro"].startswith("pq2verify check --case fake_")
+    assert g.detail["repro"].startswith("./pq2 check --case fake_")
 
 
 class GatedFakeTime(bench.RealEnv):

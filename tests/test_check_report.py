@@ -17,18 +17,26 @@ def _row(case, ok, ratio, failures=()):
             "nan_exact": True}
 
 
+def _complete(rows, shard=None, total=None) -> dict:
+    """A `check --json` of a run that completed, its self-checks passed."""
+    return {"format": check_cli.FORMAT, "provenance": {"backend": "test"}, "complete": True,
+            "selection": {"total": total or len(rows), "fingerprint": "f" * 16, "shard": shard, "cases": len(rows),
+                          "reruns": 1},
+            "selfcheck": {"status": "passed", "checks": [{"check": "x", "ok": True, "detail": ""}]}, "cases": rows}
+
+
 def test_html_report_puts_failures_first(tmp_path):
     ids = [c.id for c in cases.check_cases("small", paths=["native"], ms=[1, 2, 3])]
     rows = [_row(ids[0], True, 0.9), _row(ids[1], False, 3.0, ["relative RMS too large"]), _row(ids[2], True, 0.2)]
     src = tmp_path / "r.json"
-    src.write_text(json.dumps({"provenance": {"backend": "test"}, "cases": rows}))
+    src.write_text(json.dumps(_complete(rows)))
     out = tmp_path / "r.html"
     assert cli.main(["check", "--render", str(src), "--html", str(out)]) == 1
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "2 of 3 cases passed" in page
     order = [page.index(i) for i in (ids[1], ids[0], ids[2])]
     assert order == sorted(order), "the failing case, then the closest to its bound"
-    assert "relative RMS too large" in page and f"pq2verify check --case {ids[1]}" in page
+    assert "relative RMS too large" in page and f"./pq2 check --case {ids[1]}" in page
 
 
 @pytest.mark.parametrize("n", (1, 2, 3, 7))

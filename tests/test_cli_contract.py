@@ -94,7 +94,8 @@ def test_generated_and_tool_case_ids_still_parse():
 def test_check_output_into_a_missing_or_unwritable_place(tmp_path, capsys, no_work):
     f = tmp_path / "file"
     f.write_text("x")
-    for opt, target, names in (("--json", tmp_path / "no" / "r.json", "does not exist"),
+    # a missing folder is made (outputs.write_text makes parents); a file in the way is refused
+    for opt, target, names in (("--json", f / "no" / "r.json", "is not a directory"),
                                ("--markdown", f / "r.md", "is not a directory"),
                                ("--json", tmp_path, "is a directory")):
         rc, err = _main(capsys, "check", opt, str(target))
