@@ -357,7 +357,7 @@ def test_nan_propagation_fault_fails(fault, want, device):
     assert checks.evaluate(CASE, device, checks=("nan",)).nan_exact is True
 
 
-def test_an_input_beyond_the_q8_budget_judges_the_kernel_not_the_input():
+def test_an_input_beyond_the_q8_budget_judges_the_kernel_not_the_input(device):
     """Outlier channels can put the exact Q8 arithmetic itself past registry.Q8_BUDGET against
     the dense reference (this seeded case: 0.033): the dense check then bounds the kernel by the
     exact Q8 error plus its own tolerance, so a correct kernel passes and a 1% error still fails."""
@@ -365,14 +365,14 @@ def test_an_input_beyond_the_q8_budget_judges_the_kernel_not_the_input():
     from pq2verify import cases, checks, registry
     from reference import metrics
     c = cases.Case.parse("int_gemv:forced=16x2048:m1:fp16:prepared:outliers:seed86563")
-    inp = checks.Inputs(c, "cpu")
+    inp = checks.Inputs(c, device)
     e_q = metrics.relative_rms(inp.reference("quantized"), inp.reference("dense"))
     assert e_q > registry.Q8_BUDGET
-    r = checks.evaluate(c, "cpu", checks=("rms",), inp=inp)
+    r = checks.evaluate(c, device, checks=("rms",), inp=inp)
     assert r.ok, r.message()
     assert r.tol_dense > registry.Q8_BUDGET and r.rel_rms_dense <= r.tol_dense
 
     def off(x, w, **kw):
         return int_gemv.run(x, w, **kw).mul_(1.01)
-    bad = checks.evaluate(c, "cpu", checks=("rms",), inp=inp, kernel=off)
+    bad = checks.evaluate(c, device, checks=("rms",), inp=inp, kernel=off)
     assert not bad.ok and "relative RMS vs quantized" in bad.message()

@@ -199,18 +199,20 @@ def test_weight_views_follow_the_data():
     assert w.scales_f16.data_ptr() == w.data.data_ptr() and not w.checked
 
 
-def test_every_kernel_module_is_inspected_for_caches(monkeypatch):
+def test_every_kernel_module_is_inspected_for_caches(monkeypatch, device):
     """The cache checks look at every registry path's module and every kernels module: a
     module-level tensor cache planted in gemv (missing from the old hand-written list) is seen
-    and refused."""
+    and refused. The call runs on the suite's device (CPU tensors cannot reach a compiled kernel)."""
     names = graphs.cache_modules()
     assert {p.module for p in registry.PATHS} <= set(names), names
     assert {"kernels.common", "kernels.prepare", "kernels.splitk", "kernels.gemv"} <= set(names)
     from kernels import gemv
-    monkeypatch.setattr(gemv, "_workspace", {("cpu", 8): torch.zeros(8)}, raising=False)
+    dev = _dev(device)
+    monkeypatch.setattr(gemv, "_workspace", {(dev, 8): torch.zeros(8, device=dev)}, raising=False)
     found = {(m, n) for m, n, _ in graphs.module_caches()}
     assert ("kernels.gemv", "_workspace") in found
-    x, w = graphs.make_inputs("gemv", 1, 8, 128, seed=7)
+    n, k = CPU["pq2"]
+    x, w = graphs.make_inputs("gemv", 1, n, k, seed=7, device=dev)
     fails = graphs.check_cache_keys(lambda: [x, w, gemv.run(x, w)])
     assert any("kernels.gemv._workspace" in f and "not declared" in f for f in fails), fails
 

@@ -1,0 +1,48 @@
+"""A test the GPU suite runs must put what it hands a kernel on the suite's device: a CPU tensor
+reaches a compiled kernel as "Pointer argument cannot be accessed from Triton (cpu tensor?)"
+(tests/test_graphs.py's cache test turned the GPU suite red that way). Read from the test
+sources: a test that is not marked gpu and calls a kernel wrapper directly takes the `device`
+fixture, or lives in a module whose DEV/DEVICE follows backend.device()."""
+import ast
+import re
+from pathlib import Path
+
+HERE = Path(__file__).parent
+# direct kernel calls: a kernels module's run/launch/quantize_q8, a registry path's kernel(),
+# graphs.kernel_fn (pq2_matmul is exempt: CPU tensors go to the emulation on a GPU machine)
+CALL = re.compile(r"\b(?:gemv|single|small_mma|int_gemv|mmq|mmq_planes|mmq_wgmma|native|small_gemm|prepare"
+                  r"|_mod\(p\)|mod)\.(?:run|launch|quantize_q8)\(|\.kernel\(\)\(|kernel_fn\(")
+
+
+def offenders(path: Path) -> list[str]:
+    src = path.read_text()
+    tree = ast.parse(src)
+    if re.search(r"^pytestmark\s*=.*mark\.gpu", src, re.M) or path.resolve() == Path(__file__).resolve():
+        return []
+    # a module whose inputs follow DEV/DEVICE = ... backend.device() (parametrized arguments too)
+    module_dev = re.search(r"^(?:DEV|DEVICE)\s*=.*backend\.(?:device|select)\(", src, re.M)
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+            continue
+        marks = " ".join(ast.get_source_segment(src, d) for d in node.decorator_list)
+        body = ast.get_source_segment(src, node)
+        if "mark.gpu" in marks or not CALL.search(body):
+            continue
+        if "device" in [a.arg for a in node.args.args] or module_dev:
+            continue
+        out.append(f"{path.name}:{node.lineno} {node.name}")
+    return out
+
+
+def test_kernel_calls_follow_the_suite_device():
+    bad = [o for f in sorted(HERE.glob("test_*.py")) for o in offenders(f)]
+    assert not bad, ("tests that call a kernel without the device fixture (their tensors stay on the CPU "
+                     f"under --device cuda): {bad}; reproduce: .venv/bin/python -m pytest -q {__file__}")
+
+
+def test_the_scan_sees_a_cpu_only_kernel_call(tmp_path):
+    f = tmp_path / "test_planted.py"
+    f.write_text("def test_x():\n    from kernels import gemv\n    gemv.run(x, w)\n\n\n"
+                 "def test_y(device):\n    from kernels import gemv\n    gemv.run(x, w)\n")
+    assert offenders(f) == ["test_planted.py:1 test_x"]
