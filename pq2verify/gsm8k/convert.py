@@ -12,6 +12,13 @@ import torch
 from ..weights import BLOCK, BLOCK_BYTES, PQ2Weight
 
 
+# balanced_ternary works on float32 integers, exact up to 2^23 in magnitude: T digits need
+# (3^T - 1) / 2 <= 2^23, so T <= 15. (Past ~8 digits the lowest digits' fp16 scales s * 3^t
+# run subnormal for typical weights: more digits then add bytes, not fidelity.)
+EXACT_LIMIT = 2 ** 23
+MAX_DIGITS = max(t for t in range(1, 64) if (3 ** t - 1) // 2 <= EXACT_LIMIT)
+
+
 def pad_k(w: torch.Tensor) -> torch.Tensor:
     k = w.shape[1]
     kp = -(-k // BLOCK) * BLOCK
@@ -23,7 +30,7 @@ def balanced_ternary(n: torch.Tensor, digits: int) -> torch.Tensor:
     lowest. Float32 arithmetic on integers below 2^24 is exact and much faster than int64:
     d = n - 3 * round(n / 3) (n / 3 is never a half), then n = (n - d) / 3 exactly."""
     n = n.to(torch.float32)
-    if bool((n.abs() > 2 ** 23).any()):
+    if bool((n.abs() > EXACT_LIMIT).any()):
         raise ValueError("balanced_ternary: values must be below 2^23 in magnitude")
     out = []
     for _ in range(digits):
@@ -55,6 +62,8 @@ def pack_codes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def quantize_digits(w: torch.Tensor, digits: int):
     """w float [N, K] -> (digits int8 [T, N, Kp], scales fp16 [T, N, G], reconstruction float32
     [N, K]) with the fp16 scales actually stored, so fidelity is measured on what runs."""
+    if not 1 <= digits <= MAX_DIGITS:
+        raise ValueError(f"digits: {digits} outside 1..{MAX_DIGITS} (3^T must stay exact in float32)")
     wk = pad_k(w.float())
     n, kp = wk.shape
     grp = wk.reshape(n, kp // BLOCK, BLOCK)

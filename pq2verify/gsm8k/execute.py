@@ -217,6 +217,7 @@ class _Runner:
                 "m_seen": {k: _ranges(v) for k, v in sorted(m_seen.items())},
                 "m_calls": {k: dict(sorted(v.items())) for k, v in sorted(m_seen.items())},
                 "teacher_trace": {f: dict(sorted(_by_path(c).items())) for f, c in tot["follower_calls"].items()},
+                "teacher_m_calls": {f: _by_path_m(c) for f, c in tot["follower_calls"].items()},
                 "seconds": round(secs, 2), "tokens": toks, "tok_per_s": round(toks / secs, 2) if secs else None,
                 "phases": {k: round(v, 2) for k, v in sorted(tot["phases"].items())},
                 "copied_calls": tot["copied"], "resumed_from_earlier": self.pre}
@@ -226,6 +227,14 @@ def _by_path(c: Counter) -> Counter:
     out = Counter()
     for (name, _), n in c.items():
         out[name] += n
+    return out
+
+
+def _by_path_m(c: Counter) -> dict:
+    """{path: {M: calls}} of a follower: which path served it at each of its leader's Ms."""
+    out = {}
+    for (name, m), n in sorted(c.items()):
+        out.setdefault(name, {})[m] = n
     return out
 
 

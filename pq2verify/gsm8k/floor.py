@@ -85,7 +85,18 @@ def sign_test(a: dict, b: dict) -> dict:
     down = sum(1 for q in a if q in b and a[q] < b[q])
     n = up + down
     p = sum(comb(n, k) for k in range(up, n + 1)) / 2 ** n if n else 1.0
-    return {"above": up, "below": down, "ties": sum(1 for q in a if q in b) - n, "p": p}
+    # the other tail too (B closer to A than the floor on most questions): reported, not a verdict
+    p_below = sum(comb(n, k) for k in range(0, up + 1)) / 2 ** n if n else 1.0
+    return {"above": up, "below": down, "ties": sum(1 for q in a if q in b) - n, "p": p, "p_below": p_below}
+
+
+def min_questions(alpha: float = ALPHA) -> int:
+    """The fewest untied questions at which the one-sided sign test can reach alpha: its
+    smallest p is 2^-n (B above F on every one), and p < alpha needs 2^-n < alpha."""
+    n = 1
+    while 0.5 ** n >= alpha:
+        n += 1
+    return n
 
 
 def verdict(tf_b: dict | None, tf_f: dict | None, alpha: float = ALPHA) -> dict | None:
@@ -95,7 +106,12 @@ def verdict(tf_b: dict | None, tf_f: dict | None, alpha: float = ALPHA) -> dict 
     kf = {q: v["kl"] for q, v in tf_f["per_question"].items()}
     st = sign_test(kb, kf)
     within = st["p"] >= alpha
-    return {"verdict": "within arithmetic noise" if within else "beyond arithmetic noise",
+    need = min_questions(alpha)
+    small = st["above"] + st["below"] < need       # p = 1/2^n at best: alpha out of reach
+    return {"verdict": "too small to decide" if small else "within arithmetic noise" if within
+            else "beyond arithmetic noise", "decided": not small, "alpha": alpha, "min_questions": need,
+            "reason": (f"{st['above'] + st['below']} untied question(s); the sign test can reach alpha {alpha} "
+                       f"only from {need} (its smallest p is 2^-n)") if small else None,
             "test": f"one-sided exact sign test on per-question mean teacher-forced KL, A->B vs A->F "
                     f"(alpha {alpha}); H0: B's reordering is no worse than the floor's",
             **st, "kl_ratio": tf_b["mean_kl"] / tf_f["mean_kl"] if tf_f["mean_kl"] else None}

@@ -103,6 +103,40 @@ def _gguf_cached(p: Path) -> Path:
     return d
 
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_path(path: str | None) -> str:
+    """The model path, checked before any work: a .gguf file, or a folder holding a Hugging
+    Face model (config.json, weights, tokenizer files). Raises ValueError naming --model."""
+    if path is None:
+        return default_model_path()
+    p = Path(path)
+    expected = ("expected a .gguf file, or a Hugging Face model folder: config.json, the weights "
+                "(*.safetensors or pytorch_model*.bin) and the tokenizer (tokenizer.json or tokenizer.model)")
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise ValueError(f"--model {path}: a file must be a .gguf; {expected}")
+        return path
+    if not p.is_dir():
+        raise ValueError(f"--model {path}: no such file or directory (no model hub is reachable)")
+    missing = [what for what, pats in (("config.json", ("config.json",)), ("weights", WEIGHT_FILES),
+                                       ("tokenizer files", TOKENIZER_FILES))
+               if not any(any(p.glob(g)) for g in pats)]
+    if missing:
+        ggufs = sorted(q.name for q in p.glob("*.gguf"))
+        hint = f"; it has {ggufs[0]}: pass --model {p / ggufs[0]}" if ggufs else ""
+        raise ValueError(f"--model {path}: the folder holds no model (no {', no '.join(missing)}); {expected}{hint}")
+    return path
+
+
+def max_groups(model) -> int:
+    """The most K groups (128 weights each, all digits) of one PQ2 matrix of the model: with one,
+    reversing the fold order permutes nothing."""
+    return max((m.stack.w.k // 128 for m in model.modules() if isinstance(m, PQ2Linear)), default=0)
+
+
 def load_hf(path: str, dtype: torch.dtype):
     """(model, tokenizer) from a Hugging Face directory or a GGUF file, offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

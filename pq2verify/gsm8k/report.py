@@ -200,9 +200,13 @@ def _floor_section(rep: dict) -> list[str]:
         L += ["", f"- teacher-forced calls (the paths scored): {calls} (a prefill whose path and fold order are "
               "A's is copied from A, not recomputed)"]
     if vd:
-        L += ["", f"**Verdict: {vd['verdict']}** — {vd['test']}: A->B above A->F on {vd['above']} questions, "
+        why = f" ({vd['reason']})" if vd.get("reason") else ""
+        L += ["", f"**Verdict: {vd['verdict']}**{why} — {vd['test']}: A->B above A->F on {vd['above']} questions, "
               f"below on {vd['below']} ({vd['ties']} ties), p = {vd['p']:.3g}; mean KL ratio B/F "
               f"{_f(vd['kl_ratio'], '.3g')}."]
+        if vd.get("p_below") is not None and vd["p_below"] < vd.get("alpha", 0.01) and vd.get("decided", True):
+            L.append(f"- the other tail: A->B below A->F on most questions (p = {vd['p_below']:.3g}): the floor "
+                     "drifts more than B here, so it bounds B's noise loosely")
     v = rep["compare"].get("answer_diffs_vs_floor")
     if v:
         L.append(f"- A/B answer flips against the floor's drift at their step: within {v['within floor drift']}, "
@@ -324,8 +328,10 @@ def html(rep: dict, md: str, recs_a: dict, recs_b: dict) -> str:
     body = [h.meta({"model": rep["model"]["id"], "A": rep["a"]["label"], "B": rep["b"]["label"],
                     "backend": rep["backend"], "questions": rep["data"]["n"]})]
     if verdict:
-        within = "within" in str(verdict.get("verdict", verdict)).lower()
-        body.append(h.verdict(within, f"verdict: {verdict.get('verdict', verdict)}"))
+        # green only for a decided "within": too small to decide, or a void floor, is no pass
+        within = verdict.get("decided", True) and verdict.get("verdict") == "within arithmetic noise"
+        why = f" ({verdict['reason']})" if verdict.get("reason") else ""
+        body.append(h.verdict(within, f"verdict: {verdict.get('verdict', verdict)}{why}"))
     body.append(h.verdict(rep["switch_ok"], f"{cmp['identical_answers']} of {cmp['n']} answers identical; "
                                             f"{cmp['answer_diffs']} differ"))
     body.append("<h2>Divergences, side by side</h2>")

@@ -5,12 +5,15 @@ digits, kernel spec, data and ids, prompt format and shots, decoding settings, b
 rerun of the same command resumes it and a changed setting starts a new one.
 
 generations.jsonl gets one line per question, appended and fsync'ed as soon as the question
-stops. On restart the existing lines are read, a truncated last line (a crash mid-write) is cut
-off, and finished ids are skipped; nothing is lost or written twice.
+stops. On restart the existing lines are read and finished ids are skipped; a damaged line (a
+truncated last line from a crash mid-write, or one corrupted in the middle) is set aside in
+generations.jsonl.damaged with a message, every intact record is kept, and only the questions
+missing are generated again: nothing is lost or written twice.
 """
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 from .. import kernelsets, registry
@@ -73,6 +76,25 @@ class EnvSwitch:
         os.environ.update(self.saved)
 
 
+RECORD_FIELDS = {"tokens": list, "topk": list, "text": str, "correct": bool, "invalid": bool, "strict_invalid": bool}
+
+
+def _record(line: bytes) -> tuple[dict | None, str | None]:
+    """(record, None), or (None, what is wrong with the line)."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None, "not JSON"
+    if not isinstance(rec, dict):
+        return None, "not a JSON object"
+    if not isinstance(rec.get("id"), int) or isinstance(rec.get("id"), bool) or rec["id"] < 0:
+        return None, "no question id" if "id" not in rec else f"id {rec['id']!r} is not a question id"
+    for k, t in RECORD_FIELDS.items():
+        if not isinstance(rec.get(k), t):
+            return None, f"question {rec['id']}: field {k!r} missing or not a {t.__name__}"
+    return rec, None
+
+
 def config_key(cfg: dict) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -88,29 +110,41 @@ class RunDir:
         self.done: dict[int, dict] = self._recover()
 
     def _recover(self) -> dict[int, dict]:
-        """Read finished lines; cut a truncated or corrupt tail so appends stay line-aligned."""
+        """Read finished lines. A damaged one (not JSON, no integer id, a field missing, or a
+        last line cut short by a crash) is set aside, appended to generations.jsonl.damaged
+        with a message; the intact records are all kept (the file rewritten without the damaged
+        lines, atomically), and only the questions missing are generated again."""
         done = {}
         if not self.file.exists():
             return done
         data = self.file.read_bytes()
-        good = 0
-        pos = 0
-        while pos < len(data):
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                break                                     # no newline: an unfinished write
-            try:
-                rec = json.loads(data[pos:nl])
-            except ValueError:
-                break                                     # a torn line: drop it and the rest
-            if rec.get("id") not in done:
-                done[rec["id"]] = rec
-            pos = good = nl + 1
-        if good < len(data):
-            with open(self.file, "r+b") as f:
-                f.truncate(good)
+        lines = data.split(b"\n")
+        tail = lines.pop()                                # after the last newline: b"" unless cut short
+        keep, damaged = [], []
+        for i, line in enumerate(lines, 1):
+            rec, why = _record(line)
+            if why:
+                damaged.append((i, line, why))
+                continue
+            keep.append(line)
+            done.setdefault(rec["id"], rec)
+        if tail:
+            damaged.append((len(lines) + 1, tail, "the last line was cut short (a write interrupted)"))
+        if damaged:
+            aside = self.file.with_name(self.file.name + ".damaged")
+            with open(aside, "ab") as f:
+                f.write(b"".join(line + b"\n" for _, line, _ in damaged))
                 f.flush()
                 os.fsync(f.fileno())
+            tmp = self.file.with_name(f".{self.file.name}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(b"".join(line + b"\n" for line in keep))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.file)
+            what = "; ".join(f"line {i}: {why}" for i, _, why in damaged[:5]) + (" ..." if len(damaged) > 5 else "")
+            print(f"pq2verify gsm8k: {self.file}: {len(damaged)} damaged line(s) set aside in {aside} ({what}); "
+                  f"{len(keep)} intact record(s) kept; the questions missing are generated again", file=sys.stderr)
         return done
 
     def append(self, rec: dict) -> bool:
