@@ -83,9 +83,10 @@ def backend_key(device: torch.device) -> str:
     return backend.key(device)
 
 
-def candidates(kset: str, weight_kind: str, key: str) -> list[registry.Path]:
+def candidates(kset: str, weight_kind: str, key: str, shape: tuple | None = None) -> list[registry.Path]:
+    """shape (n, k, m): the call's, for the exact set's per-shape fold check (kernelsets.members)."""
     sw = switches()
-    chosen = kernelsets.members(kset, key, weight=weight_kind)
+    chosen = kernelsets.members(kset, key, weight=weight_kind, shape=shape)
     # on: preferred over the set's own choice (an A/B can route through any path); off: never
     forced = [p for p in registry.paths(weight=weight_kind) if sw.get(p.name)]
     return forced + [p for p in chosen if p not in forced and sw.get(p.name, True)]
@@ -127,10 +128,12 @@ def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
     kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
     layout = "dense" if kind == "dense" else w.layout
     k = x.shape[-1]
-    key = (kset, kind, layout, x.dtype, k, x.device, _serves(m), env_key())
+    # exact: its paths are proven per (n, k, m) (their fold orders must match there)
+    shape = ((w.shape[0] if kind == "dense" else w.n), k, m) if kset == "exact" else None
+    key = (kset, kind, layout, x.dtype, k, x.device, _serves(m), env_key(), shape)
     p = _resolved.get(key)
     if p is None:
-        for p in candidates(kset, kind, backend_key(x.device)):
+        for p in candidates(kset, kind, backend_key(x.device), shape):
             if _check.unfit(p, m, x, w) is None:
                 break
         else:
