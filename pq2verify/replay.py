@@ -35,9 +35,11 @@ BIAS_WHY = (
     "u is clipped to +-1 ulp: that never touches a correct output, and keeps the few outputs where a "
     "fault's group terms cancel (|y - Y| >> spacing(Y), which the per-element bound catches) from "
     "swamping the standard error. "
-    "Threshold: the two-sided normal quantile at a family-wise false-alarm probability of "
-    f"{BIAS_ALPHA:g}, Bonferroni over every bias test of the run (2 statistics x 2 sides x "
-    "(calls + kinds), a kind's test being Stouffer's sum of its calls' t over sqrt(calls)).")
+    "A bias can go either way (a scale too large or too small, an offset up or down), so each test "
+    "is two-sided, |t| <= z. Threshold: the normal quantile with a family-wise false-alarm "
+    f"probability of {BIAS_ALPHA:g}, Bonferroni over every bias test of the run (2 statistics x "
+    "(calls + kinds), each two-sided: z = Phi^-1(1 - alpha / (2 x tests)), a kind's test being "
+    "Stouffer's sum of its calls' t over sqrt(calls)).")
 Q8_WHY = (
     "The Q8 budget (registry.Q8_BUDGET) bounds the Q8 error of the generated inputs; on real "
     "activations with outlier channels the exact Q8 arithmetic, the FP64 quantized reference Q, can "
@@ -49,6 +51,10 @@ STALE_TILE_N = 8     # the H200 single/int_gemv kernels' BN: one program's outpu
 
 class ReplayError(ValueError):
     """A capture or model that cannot be replayed (missing, or its weights differ)."""
+
+
+class MissingCapture(ReplayError):
+    """No model capture in the folder (the CLI adds the command that makes one)."""
 
 
 @dataclass
@@ -87,6 +93,9 @@ def load(capture: Path, device, *, positions=None, layers=None, limit=None, ms=(
     replayed; M = 1 is one call per captured position, M > 1 two calls per weight whose rows are
     that weight's captured positions repeated to M rows (the second rotated by one row), so the
     paths that serve a decode batch run on real activations too (batched())."""
+    if not (Path(capture) / golden.MANIFEST).exists():
+        raise MissingCapture(f"--capture {capture}: no model capture there ({Path(capture) / golden.MANIFEST} "
+                             "is missing)")
     try:
         g = golden.load(capture)
     except (golden.NoCapture, golden.GoldenIntegrityError) as e:
@@ -196,34 +205,69 @@ def _ulp_up(s):
     return (s.view(torch.int16) + 1).view(torch.float16)
 
 
+def _ulp_down(s):
+    # -1 in the bits is the next fp16 toward zero for either sign; a zero scale stays zero
+    # (its bits - 1 would be a NaN)
+    return torch.where(s == 0, s, (s.view(torch.int16) - 1).view(torch.float16))
+
+
 def _last_group_zero(s):
     s[:, -1] = 0
     return s
 
 
-def _refold_reversed(x, w, dots, dtype):
-    """sum over groups G-1..0 of (dot * xs) * ws in FP32 from 0.0, rounded once: the integer
-    paths' expression in another valid order, on the call's own dots."""
+def _refold(x, w, dots, dtype, *, reverse=False, rounding="nearest"):
+    """sum over groups (0..G-1, or G-1..0) of (dot * xs) * ws in FP32 from 0.0 on the call's own
+    dots, rounded once to dtype: to nearest (the integer paths' expression in another valid
+    order), or toward +inf / -inf (an output conversion that rounds the wrong way)."""
     from .emulation import quantize_q8
     _, xs = quantize_q8(x)
     ws = w.scales_matrix().to(torch.float32)
     acc = torch.zeros(dots.shape[:2], dtype=torch.float32, device=dots.device)
-    for g in reversed(range(w.groups)):
+    for g in (reversed(range(w.groups)) if reverse else range(w.groups)):
         acc = acc + (dots[:, :, g].to(torch.float32) * xs[:, g:g + 1]) * ws[:, g]
-    return acc.to(dtype)
+    y = acc.to(dtype)
+    if rounding == "nearest":
+        return y
+    up = rounding == "up"
+    wrong = (y.float() < acc) if up else (y.float() > acc)     # rounded to nearest on the other side
+    b = y.view(torch.int16)
+    pos, neg = y > 0, y < 0
+    # the next value up (down) in the bits: away from zero for a positive (negative) y, toward
+    # zero for the other sign, and the smallest subnormal of the right sign from a zero
+    step = torch.where(pos, b + (1 if up else -1), torch.where(neg, b + (-1 if up else 1),
+                                                               torch.full_like(b, 1 if up else -32767)))
+    return torch.where(wrong, step, b).view(dtype)
 
 
-# name -> (expected verdict, what it plants, default target)
+def _refold_reversed(x, w, dots, dtype):
+    """The control: the integer paths' expression in descending group order (see _refold)."""
+    return _refold(x, w, dots, dtype, reverse=True)
+
+
+# name -> (expected verdict, what it plants, default target); every fault with a direction is
+# planted both ways (a one-sided judge would pass the other)
 FAULTS = {
     "fold_reversed": ("PASS", "B's own integer group dots folded in descending group order: the same "
                       "arithmetic in another valid FP32 order (arithmetic noise, the control)", "all"),
-    "scale_ulp": ("FAIL", "every fp16 weight scale of the target +1 ulp", None),
+    "scale_ulp": ("FAIL", "every fp16 weight scale of the target +1 ulp (away from zero)", None),
+    "scale_ulp_down": ("FAIL", "every fp16 weight scale of the target -1 ulp (toward zero)", None),
     "scale_1pct": ("FAIL", "every fp16 weight scale of the target x1.01", None),
+    "scale_1pct_down": ("FAIL", "every fp16 weight scale of the target x0.99", None),
     "drop_group": ("FAIL", "the last K-group of every row of the target zeroed (a K loop one "
                    "iteration short)", None),
     "stale_tile": ("FAIL", f"one output tile ({STALE_TILE_N} columns from n=0) of the target's second "
                    "replayed call taken from its previous call", None),
+    "round_up": ("FAIL", "the target's output rounded toward +inf instead of to nearest (B's own dots "
+                 "folded in ascending order; an offset up)", None),
+    "round_down": ("FAIL", "the target's output rounded toward -inf instead of to nearest (B's own dots "
+                   "folded in ascending order; an offset down)", None),
 }
+CONTROL = "fold_reversed"
+_SCALE = {"scale_ulp": _ulp_up, "scale_ulp_down": _ulp_down,
+          "scale_1pct": lambda s: (s.float() * 1.01).to(torch.float16),
+          "scale_1pct_down": lambda s: (s.float() * 0.99).to(torch.float16),
+          "drop_group": _last_group_zero}
 
 
 @dataclass
@@ -244,8 +288,7 @@ class Fault:
         self._seen.clear()
 
     def weight(self, name: str, w: PQ2Weight) -> PQ2Weight:
-        fn = {"scale_ulp": _ulp_up, "scale_1pct": lambda s: (s.float() * 1.01).to(torch.float16),
-              "drop_group": _last_group_zero}.get(self.name)
+        fn = _SCALE.get(self.name)
         if fn is None or name not in self.targets:
             return w
         if name not in self._w:
@@ -255,11 +298,13 @@ class Fault:
     def output(self, c: Call, w, y, dots, prev):
         if c.layer not in self.targets:
             return y
-        if self.name == "fold_reversed":
+        if self.name in ("fold_reversed", "round_up", "round_down"):
             if dots is None:
-                raise ReplayError(f"--fault fold_reversed: B's path for {c.key} writes no integer dots "
+                raise ReplayError(f"fault {self.name}: B's path for {c.key} writes no integer dots "
                                   "(a floating path has no group fold to reorder)")
-            return _refold_reversed(c.x, w, dots.to(y.device), y.dtype)
+            if self.name == "fold_reversed":
+                return _refold_reversed(c.x, w, dots.to(y.device), y.dtype)
+            return _refold(c.x, w, dots.to(y.device), y.dtype, rounding=self.name.split("_")[1])
         if self.name == "stale_tile":     # the second call of each (weight, M)
             n = self._seen.get((c.layer, c.x.shape[0]), 0)
             self._seen[(c.layer, c.x.shape[0])] = n + 1
@@ -269,10 +314,11 @@ class Fault:
         return y
 
 
-def check_fault_name(spec: str) -> str:
+def check_fault_name(spec: str, opt: str = "--fault") -> str:
+    """The fault's name; opt: the option it came from (--fault or --faults), named in errors."""
     name = spec.partition(":")[0]
     if name not in FAULTS:
-        raise ReplayError(f"--fault {spec!r}: unknown fault {name!r}; expected one of {', '.join(FAULTS)}")
+        raise ReplayError(f"{opt} {spec!r}: unknown fault {name!r}; expected one of {', '.join(FAULTS)}")
     return name
 
 
@@ -285,10 +331,10 @@ def _two_inputs(calls: list, layer: str) -> bool:
     return any(len(xs) > 1 and not torch.equal(xs[0], xs[1]) for xs in by_m.values())
 
 
-def parse_fault(spec: str, calls: list) -> Fault:
+def parse_fault(spec: str, calls: list, opt: str = "--fault") -> Fault:
     """NAME[:WHERE], WHERE: 'all', a layer index (every projection of that layer) or a
     substring of weight names; default: FAULTS' default, else the first replayed weight."""
-    name, where = check_fault_name(spec), spec.partition(":")[2]
+    name, where = check_fault_name(spec, opt), spec.partition(":")[2]
     names = list(dict.fromkeys(c.layer for c in calls))
     where = where or FAULTS[name][2] or names[0]
     if where == "all":
@@ -298,9 +344,9 @@ def parse_fault(spec: str, calls: list) -> Fault:
     else:
         targets = [n for n in names if where in n]
     if not targets:
-        raise ReplayError(f"--fault {spec!r}: {where!r} matches no replayed weight, e.g. {names[:2]}")
+        raise ReplayError(f"{opt} {spec!r}: {where!r} matches no replayed weight, e.g. {names[:2]}")
     if name == "stale_tile" and not any(_two_inputs(calls, t) for t in targets):
-        raise ReplayError(f"--fault {spec!r}: needs two replayed calls of a target (the tile comes from the "
+        raise ReplayError(f"{opt} {spec!r}: needs two replayed calls of a target (the tile comes from the "
                           "previous call); replay more positions")
     return Fault(name, targets, where)
 
@@ -367,6 +413,70 @@ def run_side(spec: dict, calls, weights, fault: Fault | None = None, log=None, c
     if fault is not None:
         fault.reset()      # its weights (and their emulation caches) are not kept past the run
     return outs
+
+
+# --- what A and B run: the dispatch choice before the run, the trace after it ----------------
+def resolve_paths(spec: dict, calls, weights) -> list[str]:
+    """The path dispatch chooses under kernel spec `spec` for each call, from its shape, M,
+    dtype, layout and device alone (dispatch.resolve, the function pq2_matmul calls), without
+    running anything."""
+    from .gsm8k.runs import EnvSwitch, spec_env
+    out, seen = [], {}
+    with EnvSwitch(spec_env(spec)):
+        kset = dispatch.kernel_set()
+        for c in calls:
+            k = (c.layer, c.x.shape[0])
+            if k not in seen:
+                try:
+                    seen[k] = dispatch.resolve(c.x.shape[0], weights[c.layer], c.x, kset).name
+                except ValueError as e:
+                    raise ReplayError(f"{c.key}: {e}") from None
+            out.append(seen[k])
+    return out
+
+
+def fold_plan(path: str, m: int, w: PQ2Weight, key: str):
+    """The path's FP32 order for this call as splits -> lanes -> groups (emulation.kernel_plan,
+    from the kernel file's own fold()), or None where it declares none."""
+    from . import emulation
+    try:
+        return emulation.kernel_plan(path, m, w, interpret=key == "interpreter")
+    except TypeError:
+        return None
+
+
+def control_plan(w: PQ2Weight) -> list:
+    """fold_reversed's order: one split, one lane, groups G-1..0."""
+    return [[list(reversed(range(w.groups)))]]
+
+
+def describe_plan(plan) -> str:
+    if plan is None:
+        return "undeclared"
+    lanes = {len(s) for s in plan}
+    groups = [g for s in plan for lane in s for g in lane]
+    order = "descending" if groups == sorted(groups, reverse=True) and len(groups) > 1 else "ascending"
+    return (f"{len(plan)} split(s) x {'/'.join(map(str, sorted(lanes)))} lane(s), "
+            f"{len(groups)} groups {order}")
+
+
+def same_thing(calls, weights, paths_a, paths_b, key: str) -> list[dict]:
+    """Per (kind, M): the paths A and B run and the calls on which they are the same path with
+    the same fold order, i.e. where the A/B compares nothing."""
+    rows = {}
+    for c, a, b in zip(calls, paths_a, paths_b):
+        m = c.x.shape[0]
+        r = rows.setdefault((c.kind, m), {"kind": c.kind, "m": m, "a": [], "b": [], "calls": 0, "same": 0,
+                                          "a_fold": "", "b_fold": ""})
+        w = weights[c.layer]
+        pa, pb = fold_plan(a, m, w, key), fold_plan(b, m, w, key)
+        r["calls"] += 1
+        r["same"] += a == b and pa == pb
+        for side, p, plan in (("a", a, pa), ("b", b, pb)):
+            if p not in r[side]:
+                r[side].append(p)
+            r[f"{side}_fold"] = r[f"{side}_fold"] or describe_plan(plan)
+    return [rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))]
 
 
 # --- metrics and verdicts -------------------------------------------------------------------
@@ -457,15 +567,22 @@ def pair_metrics(a: Out, b: Out, fault: Fault | None) -> dict:
 
 
 def bias_threshold(n_tests: int) -> float:
+    """z with P(|N(0,1)| > z) = BIAS_ALPHA / n_tests: n_tests two-sided tests, Bonferroni."""
     return statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * max(n_tests, 1)))
 
 
-def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None) -> dict:
-    """Per call metrics and failures, per-kind pooled bias, the threshold used, and the verdict."""
+def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None, *, planned=None,
+             key: str = "emulate") -> dict:
+    """Per call metrics and failures, per-kind pooled bias, the threshold used, and the verdict.
+    planned: {"a": [path], "b": [path]} that dispatch chose before the run (resolve_paths); the
+    dispatch trace of each call must show them, and A and B must differ on it (path or fold
+    order). The control (fold_reversed) must differ from A in fold order on every call and in
+    at least one output's bits, or it controls nothing and the run fails."""
     kinds = sorted({c.kind for c in calls})
-    z = bias_threshold(2 * 2 * (len(calls) + len(kinds)))
-    rows = []
-    for c, a, b in zip(calls, outs_a, outs_b):
+    # two statistics per call and per kind, each a two-sided test (BIAS_WHY)
+    z = bias_threshold(2 * (len(calls) + len(kinds)))
+    rows, run_fails = [], []
+    for i, (c, a, b) in enumerate(zip(calls, outs_a, outs_b)):
         ra, rb = side_metrics(c, a, refs), side_metrics(c, b, refs)
         ab = pair_metrics(a, b, fault)
         fails = [f"A {s}" for s in ra["failures"]] + [f"B {s}" for s in rb["failures"]] + ab["failures"]
@@ -473,8 +590,33 @@ def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None
             for stat in ("t_scale", "t_offset"):
                 if not abs(r[stat]) <= z:
                     fails.append(f"{side} {r['path']}: biased, {stat} = {r[stat]:.3g} standard errors (|t| > {z:.2f})")
-        rows.append({"key": c.key, "layer": c.layer, "kind": c.kind, "position": c.position, "m": c.x.shape[0],
+        m, w = c.x.shape[0], refs.weights[c.layer]
+        for side, out in (("a", a), ("b", b)):
+            want = planned[side][i] if planned else out.path
+            if out.path != want:
+                fails.append(f"{side.upper()} ran {out.path} (dispatch trace) where dispatch chose {want} before "
+                             "the run: the A/B does not compare what it says")
+        ab["same_path_and_fold"] = a.path == b.path and fold_plan(a.path, m, w, key) == fold_plan(b.path, m, w, key)
+        if ab["same_path_and_fold"]:
+            fails.append(f"A and B both ran {a.path} with the same fold order (dispatch trace): this call "
+                         "compares a path with itself")
+        rows.append({"key": c.key, "layer": c.layer, "kind": c.kind, "position": c.position, "m": m,
                      "n": int(a.y.shape[1]), "k": int(c.x.shape[1]), "a": ra, "b": rb, "ab": ab, "failures": fails})
+    control = None
+    if fault is not None and fault.name == CONTROL:
+        # a control equal to A proves nothing: its fold must be another order than A's on every
+        # call, and some output's bits must differ from A's
+        same_fold = [c.key for c, a in zip(calls, outs_a)
+                     if fold_plan(a.path, c.x.shape[0], refs.weights[c.layer], key) == control_plan(refs.weights[c.layer])]
+        differ = sum(not r["ab"]["bit_equal"] for r in rows)
+        control = {"fold": "one split, one lane, groups descending", "same_fold_as_a": len(same_fold),
+                   "outputs_differ_from_a": differ, "calls": len(rows)}
+        if same_fold:
+            run_fails.append(f"the control is void: its fold order (groups G-1..0) is A's own on {len(same_fold)} "
+                             f"call(s), e.g. {same_fold[0]}")
+        if rows and not differ:
+            run_fails.append(f"the control is void: none of its {len(rows)} calls differs from A's bits; it "
+                             "compares A with itself")
     # pooled over each captured row once: the M = 1 calls, else the first batched call of each
     # weight at the smallest M (its distinct rows are every captured row)
     once = [r for r in rows if isinstance(r["position"], int)]
@@ -492,5 +634,6 @@ def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None
                          f"{d[f'{side}_{stat}']:.3g} (|Z| > {z:.2f})" for side in ("a", "b")
                          for stat in ("t_scale", "t_offset") if not abs(d[f"{side}_{stat}"]) <= z]
         pooled[kind] = d
-    ok = not any(r["failures"] for r in rows) and not any(d["failures"] for d in pooled.values())
-    return {"calls": rows, "kinds": pooled, "bias_threshold": z, "ok": ok}
+    ok = not run_fails and not any(r["failures"] for r in rows) and not any(d["failures"] for d in pooled.values())
+    return {"calls": rows, "kinds": pooled, "bias_threshold": z, "failures": run_fails, "control": control,
+            "ok": ok}

@@ -7,8 +7,10 @@ and B on the same real activations and compared with the FP64 references and wit
   pq2verify replay --a legacy --b tuned --faults all --markdown results/cpu/replay-faults.md
 
 --faults runs B unchanged, the fold-order control and every planted fault against one A run and
-prints the separation table; it exits 0 only if each got its expected verdict.
-Exit status: 0 pass; 1 FAIL; 2 bad arguments, or a capture or model that cannot be replayed.
+prints the separation table; it exits 0 only if each got its expected verdict. A and B must
+dispatch to different paths (or fold orders) on every call compared, else it is refused.
+Exit status: 0 pass; 1 FAIL; 2 bad arguments, a capture or model that cannot be replayed, or an
+A/B that compares a path with itself; 3 an output file could not be written (the verdict stands).
 """
 import argparse
 import json
@@ -18,9 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import UsageError, check_writable, nonneg_ints, positive_int, positive_ints
+from .cli import UsageError, check_writable, names, nonempty, nonneg_ints, positive_int, positive_ints
 
-SEPARATION = ("none", "fold_reversed", "scale_ulp", "scale_1pct", "scale_1pct:all", "drop_group", "stale_tile")
+# every directed fault with its opposite: a judge that looks one way only fails the other
+SEPARATION = ("none", "fold_reversed", "scale_ulp", "scale_ulp_down", "scale_1pct", "scale_1pct_down",
+              "scale_1pct:all", "drop_group", "stale_tile", "round_up", "round_down")
 
 
 DEFAULT_M = (1, 4, 16)
@@ -34,16 +38,16 @@ def register(sub) -> None:
     from . import replay
     p = sub.add_parser("replay", help="every captured model projection under two kernel specs, against FP64",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--a", default="legacy", help="kernel spec A: legacy|exact|tuned[,path=on|off...] (default legacy)")
-    p.add_argument("--b", default="tuned", help="kernel spec B (default tuned)")
-    p.add_argument("--capture", default=None, help="model capture directory (default: golden/<backend>/model, "
+    p.add_argument("--a", default="legacy", type=nonempty, help="kernel spec A: legacy|exact|tuned[,path=on|off...] (default legacy)")
+    p.add_argument("--b", default="tuned", type=nonempty, help="kernel spec B (default tuned)")
+    p.add_argument("--capture", default=None, type=nonempty, help="model capture directory (default: golden/<backend>/model, "
                    "else golden/sm90/model)")
     p.add_argument("--capture-first", action="store_true",
                    help="first record the model's calls into --capture DIR (golden capture --model's recorder; "
                         "on the CPU through --cpu-backend): for a model changed since the committed capture")
     p.add_argument("--positions", type=nonneg_ints, default=None,
                    help="decode positions to replay (default: all captured)")
-    p.add_argument("--layers", default=None, help="only weights whose name contains this text")
+    p.add_argument("--layers", default=None, type=nonempty, help="only weights whose name contains this text")
     p.add_argument("--limit", type=positive_int, default=None,
                    help="first N captured calls of the selection (the M > 1 calls are built from them)")
     p.add_argument("--m", type=_ms, default=DEFAULT_M, metavar="M,..",
@@ -51,7 +55,7 @@ def register(sub) -> None:
                         "calls per weight of its captured rows repeated to M rows, so the paths serving decode "
                         "batches run on real activations too")
     one = p.add_mutually_exclusive_group()
-    one.add_argument("--fault", default=None, help="B-side variant NAME[:WHERE], WHERE all | a layer index | a name "
+    one.add_argument("--fault", default=None, type=nonempty, help="B-side variant NAME[:WHERE], WHERE all | a layer index | a name "
                      "substring; NAME: " + "; ".join(f"{k}: {v[1]}" for k, v in replay.FAULTS.items()))
     one.add_argument("--faults", default=None, help="'all' or a comma list of variants ('none' = B unchanged): "
                      "the separation table")
@@ -83,15 +87,23 @@ def command(args) -> str:
     return shlex.join(parts)
 
 
+def _capture_dir(args) -> Path:
+    from . import backend, replay
+    return Path(args.capture) if args.capture else replay.default_capture(backend.golden_key())
+
+
 def main(args) -> int:
-    for opt in ("json", "markdown"):
-        if getattr(args, opt):
-            check_writable(getattr(args, opt), f"--{opt}", make_parents=True)
+    from . import backend, outputs, replay
+    faults = _fault_specs(args)          # option values first: nothing is loaded yet
     if args.capture_first:
         if not args.capture:
             raise UsageError("--capture-first: needs --capture DIR, where the capture is written")
         check_writable(args.capture, "--capture", directory=True, make_parents=True)
-    from . import backend, replay
+    capture = _capture_dir(args)
+    # the capture is an input (or, with --capture-first, a folder this run writes): no output in it
+    outputs.check([("--json", args.json), ("--markdown", args.markdown)],
+                  [] if args.capture_first else [("--capture", capture)],
+                  folders=[("--capture", capture)] if args.capture_first else [])
     from .gsm8k.runs import parse_spec
     specs = []
     for opt in ("a", "b"):
@@ -101,36 +113,82 @@ def main(args) -> int:
             raise UsageError(f"--{opt}: {e}") from None
     spec_a, spec_b = specs
     from .golden_model import ModelRunnerMissing
+    opt = "--faults" if args.faults is not None else "--fault"
     try:
-        for f in _fault_specs(args):     # before the model is loaded
+        for f in faults:     # before the model is loaded
             if f != "none":
-                replay.check_fault_name(f)
+                replay.check_fault_name(f, opt)
         with backend.using_cpu_backend(args.cpu_backend):
-            return _main(args, spec_a, spec_b)
+            return _main(args, spec_a, spec_b, capture)
+    except replay.MissingCapture as e:
+        raise UsageError(f"{e}; make it with: {capture_advice(args, capture)}") from None
     except (replay.ReplayError, ModelRunnerMissing) as e:
         raise UsageError(str(e)) from None
 
 
+def capture_advice(args, capture: Path) -> str:
+    """The commands, runnable from the checkout, that write a model capture into `capture`."""
+    from . import backend
+    dev = backend.device()
+    rec = ["./pq2"] + _base(args, dev)[1:] + ["--capture", str(capture), "--capture-first"]
+    out = f"`{shlex.join(rec)}` (records the model's calls there, then replays them)"
+    if capture.name == "model":      # golden capture --model writes DIR/model
+        gold = ["./pq2", "--device", dev, "golden", "capture", "--model", "--dir", str(capture.parent)]
+        out += f", or `{shlex.join(gold)}` (writes {capture})"
+    return out
+
+
 def _fault_specs(args) -> list:
-    """The B variants asked for; 'none' is B unchanged."""
+    """The B variants asked for; 'none' is B unchanged. An empty list or item is refused (it
+    would silently mean B unchanged only)."""
     if args.faults is None:
         return [] if args.fault is None else [args.fault]
-    specs = SEPARATION if args.faults == "all" else [s.strip() for s in args.faults.split(",") if s.strip()]
-    return list(specs)
+    try:
+        specs = names(args.faults)
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"--faults: {e}; give 'all' or some of none, {', '.join(_known())}") from None
+    if "all" in specs:
+        if len(specs) > 1:
+            raise UsageError(f"--faults {args.faults!r}: 'all' stands alone")
+        return list(SEPARATION)
+    return specs
+
+
+def _known() -> list:
+    from . import replay
+    return list(replay.FAULTS)
 
 
 def _variants(args, calls):
     from . import replay
     specs = _fault_specs(args) or ["none"]
-    return [None if s == "none" else replay.parse_fault(s, calls) for s in specs]
+    opt = "--faults" if args.faults is not None else "--fault"
+    return [None if s == "none" else replay.parse_fault(s, calls, opt) for s in specs]
 
 
-def _main(args, spec_a, spec_b) -> int:
-    from . import backend, dispatch, provenance, replay
+def refuse_same(args, rows: list) -> None:
+    """A usage error where A and B resolve to the same path and fold order for some (kind, M):
+    such an A/B compares a path with itself there and would pass whatever the path does."""
+    same = [r for r in rows if r["same"]]
+    if not same:
+        return
+    by_m = {}
+    for r in same:
+        by_m.setdefault(r["m"], []).append(r)
+    what = "; ".join(f"M={m}: {', '.join(r['kind'] for r in rs)} both run {'/'.join(rs[0]['a'])} "
+                     f"({rs[0]['a_fold']})" for m, rs in sorted(by_m.items()))
+    ok = sorted({r["m"] for r in rows} - set(by_m))
+    fix = (f"replay only the Ms where they differ (--m {','.join(map(str, ok))}) or choose another --a/--b"
+           if ok else "choose an --a and --b that dispatch to different paths")
+    raise UsageError(f"--a {args.a} and --b {args.b} resolve to the same path and fold order ({what}): an A/B "
+                     f"must compare two different things on every call; {fix}")
+
+
+def _main(args, spec_a, spec_b, capture: Path) -> int:
+    from . import backend, dispatch, outputs, provenance, replay
     device = backend.device()
     import torch
     key = dispatch.backend_key(torch.device(device))
-    capture = Path(args.capture) if args.capture else replay.default_capture(backend.golden_key())
     t0 = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr)   # noqa: E731
     if args.capture_first:
@@ -138,21 +196,25 @@ def _main(args, spec_a, spec_b) -> int:
         golden_model.capture_model(capture, device, positions=args.positions or golden_model.POSITIONS, log=log)
     man, calls, weights = replay.load(capture, device, positions=args.positions, layers=args.layers, limit=args.limit,
                                       ms=args.m)
-    names = list(weights)
+    names_ = list(weights)
     variants = _variants(args, calls)
+    # what dispatch will run for A and B, decided from the shapes and Ms before any call
+    planned = {"a": replay.resolve_paths(spec_a, calls, weights), "b": replay.resolve_paths(spec_b, calls, weights)}
+    refuse_same(args, replay.same_thing(calls, weights, planned["a"], planned["b"], key))
     # a CPU capture is labelled 'interpreter' whichever CPU backend recorded it
     on = man.get("backend") if not (args.capture_first and device == "cpu") else \
         f"the CPU through the {args.cpu_backend} backend, by --capture-first"
-    log(f"replay: {len(calls)} calls of {len(names)} PQ2 weights from {capture} (model {man.get('model_id')}, "
+    log(f"replay: {len(calls)} calls of {len(names_)} PQ2 weights from {capture} (model {man.get('model_id')}, "
         f"captured on {on}); backend {key} [{time.perf_counter() - t0:.1f}s]")
     refs, cache = replay.References(calls, weights), {}
     outs_a = replay.run_side(spec_a, calls, weights, log=log, cache=cache)
-    runs, plain_b = [], None
+    runs, plain_b, ran = [], None, None
     for v in variants:
         t1 = time.perf_counter()
         outs_b = replay.run_side(spec_b, calls, weights, v, log=log, cache=cache)
         plain_b = outs_b if v is None else plain_b
-        res = replay.evaluate(calls, refs, outs_a, outs_b, v)
+        ran = ran or replay.same_thing(calls, weights, [o.path for o in outs_a], [o.path for o in outs_b], key)
+        res = replay.evaluate(calls, refs, outs_a, outs_b, v, planned=planned, key=key)
         # how many calls the variant changed at all (a control that changes nothing proves nothing)
         res["changed_vs_b"] = None if plain_b is None else sum(
             not torch.equal(o.y.view(torch.int16), b.y.view(torch.int16)) for o, b in zip(outs_b, plain_b))
@@ -163,16 +225,12 @@ def _main(args, spec_a, spec_b) -> int:
         log(f"B{'' if v is None else ' with ' + v.spec}: {'PASS' if res['ok'] else 'FAIL'} [{res['seconds']:.1f}s]")
     ctx = dict(command=command(args), capture=str(capture), model=man.get("model_id"), digits=man.get("digits"),
                captured_on=on, backend=key, a=args.a, b=args.b, calls=len(calls),
-               weights=len(names), seconds=round(time.perf_counter() - t0, 1))
+               weights=len(names_), seconds=round(time.perf_counter() - t0, 1), paths=ran)
     text = report(ctx, runs, args, device)
-    print(text)
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(text + "\n")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({**ctx, "provenance": provenance.collect(), "runs": runs}, indent=1,
-                                              default=float) + "\n")
+    print(text)          # the verdict first: a failed write below must not lose it
+    outputs.write_all([("--markdown", args.markdown, text + "\n"),
+                       ("--json", args.json, lambda: json.dumps({**ctx, "provenance": provenance.collect(),
+                                                                 "runs": runs}, indent=1, default=float) + "\n")])
     if args.faults is not None:
         return 0 if all((r["ok"] and r["expected"] == "PASS") or (not r["ok"] and r["expected"] == "FAIL")
                         for r in runs) else 1
@@ -245,11 +303,22 @@ def repro_lines(res: dict, args, device) -> list[str]:
     return out
 
 
+def paths_table(rows: list) -> list[str]:
+    """Per projection kind and M: the path A and B ran (the dispatch trace) and its fold order."""
+    out = ["| kind | M | calls | A ran | A fold order | B ran | B fold order | same path and fold |",
+           "|" + "---|" * 8]
+    for r in rows or []:
+        out.append(f"| {r['kind']} | {r['m']} | {r['calls']} | {'/'.join(r['a'])} | {r['a_fold']} | "
+                   f"{'/'.join(r['b'])} | {r['b_fold']} | {r['same'] or 'no'} |")
+    return out
+
+
 def _checks_failed(res: dict) -> str:
     words = {"relative RMS": "rms", "per-element": "elem", "dots": "dots", "biased": "bias", "claims": "claim",
-             "dots=": "dots="}
+             "dots=": "dots=", "dispatch trace": "trace", "control is void": "void control"}
     hit = {}
     fails = [f for r in res["calls"] for f in r["failures"]] + [f for d in res["kinds"].values() for f in d["failures"]]
+    fails += res.get("failures", [])
     for f in fails:
         for w, short in words.items():
             if w in f:
@@ -306,7 +375,12 @@ def report(ctx: dict, runs: list, args, device) -> str:
              "- integer group dots equal to the exact ones, and A's equal to B's where both paths write them "
              "(on the emulation backend the dots are the emulation's shared integer GEMM, not a kernel's)",
              "- B's bytes equal to A's where the registry claims bit identity (or A and B run the same path)",
-             f"- no bias: |t| <= {first['bias_threshold']:.2f} per call and pooled per kind. {replay.BIAS_WHY}", ""]
+             f"- no bias: |t| <= {first['bias_threshold']:.2f} per call and pooled per kind. {replay.BIAS_WHY}",
+             "- A and B differ: dispatch's choice for each call (from its shape and M, before the run) is a "
+             "different path, or the same path in another fold order; the dispatch trace of every call shows "
+             "the path chosen. The control (fold_reversed) differs from A's fold order on every call and from "
+             "A's bits somewhere, or it is void", "",
+             "## What A and B ran (dispatch trace)", ""] + paths_table(ctx.get("paths")) + [""]
     lines += q8_note(first) + [""]
     if len(runs) > 1:
         lines += ["## Separation: B variants against the same A run", ""] + separation_table(runs) + [""]
@@ -318,6 +392,12 @@ def report(ctx: dict, runs: list, args, device) -> str:
         lines += [f"## {title}: {'PASS' if r['ok'] else 'FAIL'}", ""]
         if r["fault"] is None or len(runs) == 1:     # a planted fault's table is the separation row
             lines += kind_table(r) + [""] + pooled_table(r) + [""]
+        if r.get("control"):
+            c = r["control"]
+            lines += [f"Control: {c['fold']}; outputs differing from A's bits in {c['outputs_differ_from_a']} of "
+                      f"{c['calls']} calls; A's own fold order on {c['same_fold_as_a']} calls.", ""]
+        if r.get("failures"):
+            lines += [f"- {f}\n  reproduce: `{ctx['command']}`" for f in r["failures"]] + [""]
         rep = repro_lines(r, args, device)
         keep = 12 if len(runs) == 1 else 4
         if rep:

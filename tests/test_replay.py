@@ -147,21 +147,31 @@ def test_batched_calls_are_real_rows_and_catch_a_fault_in_the_batch_path(capture
 
 
 def test_faults_fail_and_fold_order_passes(capture, tmp_path, device, capsys):
-    """The separation: each real fault FAILS, the reversed fold (which really changes bytes)
-    PASSES; exit 0 says every variant got its expected verdict."""
+    """The separation: each real fault FAILS, in both directions where it has one, the reversed
+    fold (which really changes bytes) PASSES; exit 0 says every variant got its expected verdict."""
     j, md = tmp_path / "f.json", tmp_path / "f.md"
     assert _replay(device, capture, "--faults", "all", "--json", str(j), "--markdown", str(md)) == 0
     runs = {r["fault"] or "none": r for r in json.loads(j.read_text())["runs"]}
+    t = "layers.0.attn"
     assert {k: r["ok"] for k, r in runs.items()} == {
-        "none": True, "fold_reversed:all": True, "scale_ulp:layers.0.attn": False,
-        "scale_1pct:layers.0.attn": False, "scale_1pct:all": False, "drop_group:layers.0.attn": False,
-        "stale_tile:layers.0.attn": False}
+        "none": True, "fold_reversed:all": True, f"scale_ulp:{t}": False, f"scale_ulp_down:{t}": False,
+        f"scale_1pct:{t}": False, f"scale_1pct_down:{t}": False, "scale_1pct:all": False,
+        f"drop_group:{t}": False, f"stale_tile:{t}": False, f"round_up:{t}": False, f"round_down:{t}": False}
     assert runs["fold_reversed:all"]["changed_vs_b"] > 0        # the control is not vacuous
-    # the +1 ulp scale fault is seen by the bias statistic, not only by the per-element bound
-    fails = [f for c in runs["scale_ulp:layers.0.attn"]["calls"] for f in c["failures"]]
-    assert any("biased, t_scale" in f for f in fails), fails
+    ctl = runs["fold_reversed:all"]["control"]
+    assert ctl["outputs_differ_from_a"] > 0 and ctl["same_fold_as_a"] == 0
+    # the one-ulp scale faults are seen by the bias statistic, not only by the per-element bound,
+    # each with its own sign; so are the rounding-direction ones by the offset statistic
+    for fault, stat, sign in (("scale_ulp", "t_scale", 1), ("scale_ulp_down", "t_scale", -1),
+                              ("round_up", "t_offset", 1), ("round_down", "t_offset", -1)):
+        pooled = runs[f"{fault}:{t}"]["kinds"]["attn"][f"b_{stat}"]
+        z = runs[f"{fault}:{t}"]["bias_threshold"]
+        assert sign * pooled > z, (fault, pooled, z)
+        fails = [f for c in runs[f"{fault}:{t}"]["calls"] for f in c["failures"]]
+        assert any(f"biased, {stat}" in f for f in fails), (fault, fails)
     text = md.read_text()
     assert "Separation holds" in text and "Command: `pq2verify --device" in text and "--faults all" in text
+    assert "| attn | 1 | 6 | int_gemv | 1 split(s) x 1 lane(s), 16 groups ascending | gemv |" in text, text
 
 
 def test_a_fault_fails_with_a_repro_that_fails_again(capture, device, capsys):
@@ -207,7 +217,8 @@ def test_bad_input_is_a_usage_error(capture, device, capsys, extra, msg):
 
 def test_missing_capture_and_another_model_are_usage_errors(capture, tmp_path, device, capsys, monkeypatch):
     assert _replay(device, tmp_path / "none") == 2
-    assert "no golden capture" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no model capture there" in err and f"--capture {tmp_path / 'none'} --capture-first" in err, err
     monkeypatch.setitem(sys.modules, golden_model.RUNNER, _runner(device, bump=True))
     assert _replay(device, capture) == 2
     assert "differs from the one captured" in capsys.readouterr().err
