@@ -528,10 +528,11 @@ def side_metrics(c: Call, out: Out, refs: References) -> dict:
     bound, _, _ = p.element_bound(c.x.shape[1], refs.get(c, "abs_integer" if integer else "abs_floating"), ref, dt)
     with np.errstate(invalid="ignore"):
         ratio = np.where(np.isfinite(y64), np.abs(y64 - ref) / bound, np.inf)
-    r["elem_ratio"], r["elem_outside"] = float(ratio.max()), int((ratio > 1).sum())
+    outside = ~(ratio <= 1)        # a NaN ratio (NaN reference or bound) is outside too
+    r["elem_ratio"], r["elem_outside"] = float(ratio.max()), int(outside.sum())
     r["max_ulp"] = metrics.max_ulp(out.y, torch.from_numpy(metrics.round_once(ref, dt)).to(dt))
     if r["elem_outside"]:
-        i, j = (int(v) for v in np.argwhere(ratio > 1)[0])
+        i, j = (int(v) for v in np.argwhere(outside)[0])
         r["failures"].append(f"{out.path}: per-element bound: {r['elem_outside']} of {ratio.size} outputs outside "
                              f"(worst {r['elem_ratio']:.3g}x); first y[{i}, {j}] = {float(y64[i, j])!r} "
                              f"vs FP64 {float(ref[i, j])!r}")

@@ -482,3 +482,337 @@ def test_the_wrong_reference_in_the_judge_lets_the_dense_kernel_pass(monkeypatch
     real = checks.Inputs.reference
     monkeypatch.setattr(checks.Inputs, "reference", lambda self, which: real(self, "dense"))
     assert checks.RMS_QUANTIZED not in judge(d, y).failed
+
+
+# --- golden: floating paths whose CPU bits depend on the ISA, compared within a bound ------
+def golden_case(name, dt, k):
+    """(p, case, x, w, E) on K = k: F grows with K faster than the outputs (K S vs sqrt(K)), so
+    K picks which part of the bound dominates."""
+    from pq2verify import inputs
+    p = registry.get(name)
+    c = cases.seeded(cases.Case(name, "ga", 256, k, 2, dt, p.layouts[-1]))
+    x = inputs.activations(2, k, c.seed, "normal", DT[dt], "cpu")
+    if p.weight == "dense":
+        w = inputs.dense_weight(256, k, 11, "cpu", DT[dt])
+        E = projection.dense(x, w)
+    else:
+        w = inputs.ternary_weight(256, k, 11, "cpu", "prepared")
+        E = projection.floating(x, w)
+    return p, c, x, w, E
+
+
+def golden_bound(x, w, dense, y, want, dt, S=None):
+    """2 F + spacing(max(|y|, |golden|)): two FP32 folds of the same exact products, each
+    within F = (K + 2)(2^-24 S + 2^-126) of the exact sum (the CPU rounds to nearest), each
+    rounded once (half a spacing each)."""
+    if S is None:
+        wd = w.double().numpy() if dense else pq2.decode(w)
+        S = np.abs(x.double().numpy()) @ np.abs(wd).T
+    f = (x.shape[1] + 2) * (2.0 ** -24 * S + 2.0 ** -126)
+    mag = np.maximum(np.abs(y.double().numpy()), np.abs(want.double().numpy()))
+    return 2 * f + spacing(mag, dt), 2 * f
+
+
+@functools.lru_cache(maxsize=None)
+def golden_plant(name, dt, window, part):
+    """(y, want, args of fold_bound, ratio): the golden is E rounded once; y equals it but for
+    one element some representable steps away, at `window` x the bound derived here, on an
+    element where 2F ('fold') or the spacing ('spacing') is most of the bound."""
+    p, c, x, w, E = golden_case(name, dt, 256 if (dt, part) == ("fp16", "spacing") else 1024)
+    dense = p.weight == "dense"
+    S = np.abs(x.double().numpy()) @ np.abs(w.double().numpy() if dense else pq2.decode(w)).T
+    want = torch.from_numpy(E).to(DT[dt])
+    wd = want.double().numpy()
+    ks = [k for k in range(-12, 13) if k]
+    cands = neighbours(want, ks)
+    mid = sum(window) / 2
+    best = None
+    for cand in cands:
+        ct = torch.from_numpy(np.nan_to_num(cand)).to(DT[dt])
+        b, f2 = golden_bound(x, w, dense, ct, want, dt, S)
+        with np.errstate(invalid="ignore"):
+            ratio = np.abs(cand - wd) / b
+        ok = (ratio >= window[0]) & (ratio <= window[1]) & ((f2 / b > 0.5) if part == "fold" else (f2 / b < 0.3))
+        if ok.any():
+            score = np.where(ok, np.abs(ratio - mid), np.inf)
+            i, j = np.unravel_index(int(np.argmin(score)), score.shape)
+            if best is None or score[i, j] < best[0]:
+                best = (score[i, j], i, j, float(cand[i, j]), float(ratio[i, j]))
+    assert best, f"{name} {dt}: no element with a representable value at {window} x its bound ({part})"
+    _, i, j, v, ratio = best
+    y = want.clone()
+    y[i, j] = v
+    return y, want, (p, c, x, w), ratio
+
+
+@pytest.mark.parametrize("name", ["native", "small_gemm", "cublas"])
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("part", ["fold", "spacing"])
+def test_golden_cross_isa_bound_at_its_edge(name, dt, part):
+    assert golden.bits_class("interpreter", registry.get(name))[0] == "isa-dependent"
+    for window, want_status in ((LO, "within bound"), (HI, "different")):
+        y, want, (p, c, x, w), ratio = golden_plant(name, dt, window, part)
+        y = y.clone()
+        bound = golden.fold_bound(p, c, x, w, y, want)
+        own = golden_bound(x, w, p.weight == "dense", y, want, dt)[0]
+        assert np.allclose(bound, own, rtol=1e-12, atol=0), f"{name} {dt}: fold_bound differs from the derivation"
+        status, detail = golden.compare_bound(y, want, bound)
+        assert status == want_status, (f"{name} {dt} plant at {ratio:.3f}x ({part}): {status} {detail}; "
+                                       f"reproduce: {HERE} -k 'golden_cross_isa and {name} and {dt} and {part}'")
+
+
+@pytest.mark.parametrize("part, patch", [("fold", "CPU_FP32_U"), ("spacing", "spacing")])
+@pytest.mark.parametrize("factor", [2, 4])
+def test_golden_bound_loosened_lets_the_plant_pass(part, patch, factor, monkeypatch):
+    y, want, args, ratio = golden_plant("native", "fp16", HI, part)
+    assert golden.compare_bound(y, want, golden.fold_bound(*args, y, want))[0] == "different"
+    if patch == "spacing":
+        real = metrics.spacing
+        monkeypatch.setattr(metrics, "spacing", lambda v, dtype: real(v, dtype) * factor)
+    else:
+        _scaled(monkeypatch, golden, "CPU_FP32_U", factor)
+    assert golden.compare_bound(y, want, golden.fold_bound(*args, y, want))[0] == "within bound"
+
+
+@pytest.mark.parametrize("name", ["int_gemv", "mmq", "single"])
+def test_golden_integer_paths_are_exact_one_step_fails(name):
+    """Integer paths keep their bits on every CPU: compared exactly, so one step is a failure."""
+    assert golden.bits_class("interpreter", registry.get(name))[0] == "exact"
+    want = torch.from_numpy(np.random.default_rng(3).standard_normal((2, 64))).to(torch.bfloat16)
+    assert golden.compare(want.clone(), want)[0] == "identical"
+    y = want.clone()
+    y[1, 3] = float(neighbours(want, [1])[0][1, 3])
+    assert golden.compare(y, want)[0] == "different"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_golden_bound_never_passes_a_non_finite_value(value):
+    want = torch.from_numpy(np.random.default_rng(4).standard_normal((2, 64))).to(torch.bfloat16)
+    y = want.clone()
+    y[0, 9] = value
+    assert golden.compare_bound(y, want, np.full((2, 64), np.inf))[0] == "different"
+    assert golden.compare_bound(want, want, np.full((2, 64), np.nan))[0] == "identical"
+    y2 = want.clone()
+    y2[0, 9] = float(neighbours(want, [1])[0][0, 9])
+    assert golden.compare_bound(y2, want, np.full((2, 64), np.nan))[0] == "different"   # NaN bound: no pass
+
+
+# --- replay: side_metrics' bounds and the signed-bias test ---------------------------------
+@functools.lru_cache(maxsize=None)
+def replay_data(dt):
+    from pq2verify import inputs
+    w = inputs.ternary_weight(2048, 256, 5, "cpu", "prepared")
+    x = inputs.activations(1, 256, 6, "normal", DT[dt], "cpu")
+    layer = "model.layers.0.mlp.down_proj"
+    call = replay.Call(f"{layer}/1", layer, replay.kind_of(layer), 1, x)
+    refs = replay.References([call], {layer: w})
+    p = registry.get("int_gemv")
+    y0 = p.kernel()(x, w, out=torch.empty(1, 2048, dtype=DT[dt]))
+    Q, D = refs.get(call, "quantized"), refs.get(call, "dense")
+    c = cases.Case("int_gemv", "r", 2048, 256, 1, dt, "prepared")
+    return dict(p=p, c=c, call=call, refs=refs, y0=y0, Q=Q, D=D, Y=Q, S=abs_sum(p, x, w), arith="integer")
+
+
+def side(d, y, path="int_gemv"):
+    return replay.side_metrics(d["call"], replay.Out(path, y, None), d["refs"])
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("which", ["quantized", "dense"])
+def test_replay_relative_rms_at_its_edge(dt, which):
+    d = replay_data(dt)
+    R = d["Q"] if which == "quantized" else d["D"]
+    tol = tol_quantized(dt) if which == "quantized" else tol_dense("integer", dt, d["Q"], d["D"])
+    for (a, b), seed in ((LO, 5), (HI, 6)):
+        y, got = rms_plant(d, R, (a + b) / 2 * tol, seed)
+        assert a <= got / tol <= b
+        r = side(d, y)
+        assert r[f"tol_{which}"] == pytest.approx(tol, rel=1e-12)
+        assert any(f"relative RMS vs {which}" in f for f in r["failures"]) == (a > 1), (
+            f"replay {dt} plant {got / tol:.3f}x: {r['failures']}; reproduce: {HERE} -k 'replay_relative and {dt}'")
+
+
+@pytest.mark.parametrize("dt", DT)
+def test_replay_element_bound_at_its_edge(dt):
+    d = replay_data(dt)
+    for window in (LO, HI):
+        y, ratio, _, _ = element_plant(d, window, "half")
+        worst = float((np.abs(y.double().numpy() - d["Y"]) / element_bound("integer", 256, d["S"], d["Y"], dt)[0]).max())
+        r = side(d, y)
+        assert r["elem_ratio"] == pytest.approx(worst, rel=1e-9)
+        assert any("per-element bound" in f for f in r["failures"]) == (window is HI), r["failures"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_replay_never_passes_a_non_finite_output(value):
+    d = replay_data("bf16")
+    y = d["y0"].clone()
+    y[0, 3] = value
+    r = side(d, y)
+    for what in ("relative RMS vs quantized", "relative RMS vs dense", "per-element bound"):
+        assert any(what in f for f in r["failures"]), (what, r["failures"])
+    assert not abs(r["t_scale"]) <= 1e300 and not abs(r["t_offset"]) <= 1e300
+
+
+def test_replay_a_nan_bound_is_outside(monkeypatch):
+    """A NaN per-element bound (a NaN in S or the reference) must count as outside: the count
+    of outputs outside was `ratio > 1`, which NaN never is, so such a call passed."""
+    d = replay_data("bf16")
+    real = registry.Path.element_bound
+
+    def nan_bound(self, *a):
+        b, f, h = real(self, *a)
+        return b * np.nan, f, h
+    monkeypatch.setattr(registry.Path, "element_bound", nan_bound)
+    r = side(d, d["y0"])
+    assert any("per-element bound" in f for f in r["failures"]), f"{r['failures']}; reproduce: {HERE} -k nan_bound"
+
+
+def bias_z(calls: int, kinds: int) -> float:
+    """Two statistics (scale, offset) per call and per kind, each a two-sided test; Bonferroni
+    at a family-wise 1e-3: z = Phi^-1(1 - 1e-3 / (2 tests))."""
+    return statistics.NormalDist().inv_cdf(1 - 1e-3 / (2 * 2 * (calls + kinds)))
+
+
+def own_t(y, Y, dt):
+    """(t of mean u*sign(Y), t of mean u), u = (y - Y) / spacing(Y) clipped to +-1 (BIAS_WHY)."""
+    u = np.clip((y - Y) / spacing(Y, dt), -1.0, 1.0)
+    nz = Y != 0
+
+    def t(v):
+        return float(v.mean() / (v.std(ddof=1) / math.sqrt(v.size)))
+    return t((u[nz] * np.sign(Y[nz])).ravel()), t(u.ravel())
+
+
+def bias_plant(d, dt, stat, target):
+    """y0 scaled by (1 + e r) ('t_scale') or moved by e r output spacings ('t_offset'), r a
+    seeded factor in [0, 2) per output (so the outputs' roundings flip one at a time as e
+    grows), e found by bisection so that this statistic (computed here) is `target`."""
+    y0, Y = d["y0"].double().numpy(), d["Y"]
+    sp = spacing(Y, dt)
+    r = np.random.default_rng(8).uniform(0, 2, size=Y.shape)
+
+    def make(e):
+        return torch.from_numpy(y0 * (1 + e * r) if stat == "t_scale" else y0 + e * r * sp).to(DT[dt])
+
+    def t(e):
+        return own_t(make(e).double().numpy(), Y, dt)[0 if stat == "t_scale" else 1]
+    sign = 1 if target > 0 else -1
+    lo, hi = 0.0, sign * (0.02 if stat == "t_scale" else 2.0)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sign * t(mid) < abs(target) else (lo, mid)
+    return make(hi), t(hi)
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("stat, sign", [("t_scale", 1), ("t_scale", -1), ("t_offset", 1), ("t_offset", -1)])
+def test_replay_bias_threshold_at_its_edge(dt, stat, sign):
+    d = replay_data(dt)
+    z = bias_z(1, 1)
+    a_out = replay.Out("int_gemv", d["y0"], None)
+    for window in (LO, HI):
+        y, t = bias_plant(d, dt, stat, sign * sum(window) / 2 * z)
+        assert window[0] <= sign * t / z <= window[1], f"plant at {t / z:.3f}x"
+        res = replay.evaluate([d["call"]], d["refs"], [a_out], [replay.Out("gemv", y, None)])
+        assert res["bias_threshold"] == pytest.approx(z, rel=1e-12), "the judge's threshold differs"
+        row = res["calls"][0]
+        assert row["b"][stat] == pytest.approx(t, rel=1e-9)
+        flagged = any(f.startswith("B") and "biased" in f and stat in f for f in row["failures"])
+        pooled = [f for f in res["kinds"][d["call"].kind]["failures"] if f.startswith("B") and stat in f]
+        assert flagged == bool(pooled) == (window is HI), (
+            f"{dt} {stat} at {t / z:.3f}x of z={z:.3f}: {row['failures']} {pooled}; reproduce: {HERE} -k 'bias and {dt}'")
+
+
+def test_replay_bias_threshold_loosened_lets_the_plant_pass(monkeypatch):
+    d = replay_data("fp16")
+    y, t = bias_plant(d, "fp16", "t_scale", 1.1 * bias_z(1, 1))
+    outs = ([replay.Out("int_gemv", d["y0"], None)], [replay.Out("gemv", y, None)])
+    assert res_biased(replay.evaluate([d["call"]], d["refs"], *outs))
+    real = replay.bias_threshold
+    monkeypatch.setattr(replay, "bias_threshold", lambda n: 2 * real(n))
+    assert not res_biased(replay.evaluate([d["call"]], d["refs"], *outs))
+
+
+def res_biased(res) -> bool:
+    return any("biased" in f for r in res["calls"] for f in r["failures"])
+
+
+# --- GSM8K: the floor's sign test -----------------------------------------------------------
+def tail(n: int, up: int) -> Fraction:
+    """P(X >= up), X ~ Binomial(n, 1/2): the one-sided exact sign test's p."""
+    return Fraction(sum(math.comb(n, k) for k in range(up, n + 1)), 2 ** n)
+
+
+def sign_plant(window, alpha=0.01):
+    """(n, up) whose p lies in window x alpha: the closest one to its middle, n <= 400."""
+    best = None
+    for n in range(8, 401):
+        for up in range(n // 2, n + 1):
+            r = float(tail(n, up)) / alpha
+            if window[0] <= r <= window[1] and (best is None or abs(r - sum(window) / 2) < best[0]):
+                best = (abs(r - sum(window) / 2), n, up, r)
+            if r < window[0]:
+                break
+        if best and best[0] < 0.005:
+            break
+    return best[1], best[2], best[3]
+
+
+def tf(kls: dict):
+    return {"mean_kl": sum(kls.values()) / len(kls), "per_question": {q: {"kl": v} for q, v in kls.items()}}
+
+
+def sign_records(n, up, ties=3):
+    """Per-question KLs: B above F on `up` questions, below on n - up, equal on `ties`."""
+    kf = {q: 0.01 for q in range(n + ties)}
+    kb = {q: (0.02 if q < up else 0.005 if q < n else 0.01) for q in range(n + ties)}
+    return tf(kb), tf(kf)
+
+
+@pytest.mark.parametrize("window, want", [(LO, "beyond arithmetic noise"), (HI, "within arithmetic noise")])
+def test_gsm8k_sign_test_at_its_edge(window, want):
+    n, up, ratio = sign_plant(window)
+    v = floor.verdict(*sign_records(n, up))
+    assert v["p"] == pytest.approx(ratio * 0.01, rel=1e-12) and v["ties"] == 3
+    assert v["verdict"] == want, f"n={n} up={up} p={v['p']:.4g} ({ratio:.3f}x alpha): {v}; reproduce: {HERE} -k sign_test"
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_gsm8k_alpha_loosened_lets_the_plant_pass(factor, monkeypatch):
+    n, up, _ = sign_plant(LO)
+    assert floor.verdict(*sign_records(n, up))["verdict"] == "beyond arithmetic noise"
+    monkeypatch.setattr(floor.verdict, "__defaults__", (floor.ALPHA / factor,))
+    assert floor.verdict(*sign_records(n, up))["verdict"] != "beyond arithmetic noise"
+
+
+@pytest.mark.parametrize("where", ["b", "f"])
+@pytest.mark.parametrize("share", ["one", "all"])
+def test_gsm8k_a_non_finite_kl_is_never_within_noise(where, share):
+    """A NaN KL compares false both ways: the sign test dropped it as a tie, so a B (or a floor)
+    whose KL is NaN on some questions, or all, was 'within arithmetic noise'."""
+    n, up, _ = sign_plant(HI)
+    tb, tf_ = sign_records(n, up)
+    t = tb if where == "b" else tf_
+    for q in ([0] if share == "one" else list(t["per_question"])):
+        t["per_question"][q]["kl"] = float("nan")
+    v = floor.verdict(tb, tf_)
+    assert v["verdict"] != "within arithmetic noise", f"{where} NaN on {share}: {v}; reproduce: {HERE} -k non_finite_kl"
+
+
+@pytest.mark.parametrize("ratio, want", [(0.9, "within floor drift"), (1.1, "beyond floor drift")])
+def test_gsm8k_flip_against_the_floor_drift_at_its_edge(ratio, want):
+    from pq2verify.gsm8k import report
+    drift = 0.4
+    margin = ratio * drift
+    top_a = [[[1, -0.1], [2, -3.0]], [[7, -0.5], [8, -0.5 - margin]]]
+    lpk = [[-0.1, -3.0], [-0.5 - drift / 2, -0.5 - margin + drift / 2]]
+    a = {"tokens": [1, 7], "topk": top_a, "answer": "1", "correct": False, "invalid": False, "strict_invalid": False,
+         "decode_m": [], "teacher": {"f": {"kl": [0, 0], "top1": [True, True], "lpk": lpk}}}
+    b = dict(a, tokens=[1, 8], topk=[[[1, -0.1], [2, -3.0]], [[8, -0.6], [7, -0.7]]], answer="2")
+    b.pop("teacher")
+    c = report.compare({0: a}, {0: b})
+    floor.classify(c, {0: a}, "f")
+    row = c["diffs"][0]
+    assert row["margin_a"] == pytest.approx(margin) and row["floor_drift"] == pytest.approx(drift)
+    assert row["vs_floor"] == want

@@ -24,7 +24,7 @@ large against any single other run's drift at that step, so the count is read ag
 control with the roles swapped: A/F flips against B's drift. Two reorderings that are equally
 noisy give alike counts; a real fault gives many more A/B flips beyond F's drift.
 """
-from math import comb
+from math import comb, isfinite
 
 ALPHA = 0.01
 
@@ -105,7 +105,8 @@ def verdict(tf_b: dict | None, tf_f: dict | None, alpha: float = ALPHA) -> dict 
     kb = {q: v["kl"] for q, v in tf_b["per_question"].items()}
     kf = {q: v["kl"] for q, v in tf_f["per_question"].items()}
     st = sign_test(kb, kf)
-    within = st["p"] >= alpha
+    # a NaN KL compares false both ways (the sign test would drop it as a tie): never within
+    within = st["p"] >= alpha and all(isfinite(v) for v in (*kb.values(), *kf.values()))
     need = min_questions(alpha)
     small = st["above"] + st["below"] < need       # p = 1/2^n at best: alpha out of reach
     return {"verdict": "too small to decide" if small else "within arithmetic noise" if within
