@@ -414,10 +414,13 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
         x = make_x(c)
         w = weight_for(c, data, device)
         bufs = []
-        y = run_case(c, x, w, device, keep=bufs)
-        why = None if force else numerics(c, x, w, y)
-        if why is None and not same_bits(run_case(c, x, w, device, avoid=bufs), y):
-            why = "a rerun gave other bytes (not deterministic)"
+        try:
+            y = run_case(c, x, w, device, keep=bufs)
+            why = None if force else numerics(c, x, w, y)
+            if why is None and not same_bits(run_case(c, x, w, device, avoid=bufs), y):
+                why = "a rerun gave other bytes (not deterministic)"
+        except Exception as ex:     # a case the code expects and the kernel cannot run: refused, so verify fails it
+            why = f"raised {type(ex).__name__}: {ex}"
         if why is not None:
             refused.append((c, why))
             log(f"refused {c.id}: {why}")
@@ -553,7 +556,8 @@ def _no_capture(d: Path, kind: str | None) -> str:
         return (f"no golden {what} for backend '{key}' ({d / MANIFEST} is missing).{committed} capture with: "
                 f"{capture_hint(key, d=d, model=model)}")
     dev = _dev(backend.golden_key())
-    how = (f"./pq2 --device {dev} golden capture --model --dir {d}" if model else
+    how = (f"./pq2 --device {dev} golden capture --model --dir {d.parent}" if model and d.name == "model" else
+           f"./pq2 --device {dev} golden capture --model --dir {d} (it writes {d / 'model'})" if model else
            f"./pq2 --device {dev} golden capture --dir {d}" if kind == "cases" else
            f"./pq2 --device {dev} golden capture --dir {d} (or with --model, for the GSM8K model's projections)")
     if not d.exists():

@@ -406,3 +406,210 @@ def test_json_under_a_file_is_refused_first(tmp_path, capsys, no_work):
     (tmp_path / "f").write_text("x")
     rc, out = _cli(capsys, "verify", "--json", str(tmp_path / "f" / "r.json"))
     assert rc == 2 and f"--json {tmp_path / 'f' / 'r.json'}: {tmp_path / 'f'} is not a directory" in out, out
+
+
+# --- golden compares everything it holds (issue 23, class 4) ----------------------------------
+# Each test plants one fault in a throwaway capture or in a kernel (monkeypatched) and requires a
+# failure that names it; none of them reads the verdict's class from the function under test.
+def _resign_all(d, name):
+    """The manifest vouches for the file `name` as it now is: its file hash, and the y or x hash
+    of every case that reads a changed tensor of it."""
+    man = _manifest(d)
+    man["files"][name] = golden.sha256_file(d / name)
+    t = load_file(str(d / name))
+    for e in man["cases"]:
+        if name == golden.INPUTS and e["x"] in t:
+            e["x_sha256"] = golden.tensor_sha256(t[e["x"]])
+        elif e["file"] == name and e["id"] in t:
+            e["y_sha256"] = golden.tensor_sha256(t[e["id"]])
+    _write_manifest(d, man)
+
+
+# (file, tensor, cut, the shape the cut leaves, the case's whole shape)
+TRUNCATIONS = {
+    "output, last row dropped": ("mmq.safetensors", "y", lambda t: t[:16].contiguous(), (16, 40), (17, 40)),
+    "output, a prefix of its elements": ("mmq.safetensors", "y", lambda t: t.reshape(-1)[:600].contiguous(),
+                                         (600,), (17, 40)),
+    "output, last column dropped": ("mmq.safetensors", "y", lambda t: t[:, :39].contiguous(), (17, 39), (17, 40)),
+    "activations, last row dropped": (golden.INPUTS, "x", lambda t: t[:16].contiguous(), (16, 256), (17, 256)),
+}
+
+
+@pytest.mark.parametrize("how", TRUNCATIONS)
+def test_a_capture_holding_part_of_a_tensor_fails_as_integrity(how, tiny, tmp_path):
+    """A capture whose tensor is cut short, with every hash re-signed: verify must say the capture
+    does not hold the whole tensor (not compare the part it holds, nor call it a kernel diff)."""
+    name, which, cut, got, whole = TRUNCATIONS[how]
+    d = _copy(tiny, tmp_path)
+    e = next(e for e in _manifest(d)["cases"] if e["id"] == EXACT.id)
+    _edit_tensor(d, name, e["x"] if which == "x" else EXACT.id, cut)
+    _resign_all(d, name)
+    res = golden.verify(golden.load(d), DEVICE, ids=[EXACT.id])
+    assert [o.status for o in res] == ["integrity"], [o.message() for o in res]
+    assert f"is {got} torch.bfloat16, the case's whole tensor is {whole} torch.bfloat16" in res[0].detail
+    assert "does not hold all of it" in res[0].detail
+
+
+def test_a_case_the_kernel_cannot_run_is_refused_at_capture_and_fails_verify(tmp_path, monkeypatch, capsys):
+    """An expected case whose kernel raises (e.g. 'not supported here') is neither skipped nor
+    fatal to the capture: it is recorded as refused, and verify fails it as missing."""
+    real = registry.Path.kernel
+
+    def kernel(self):
+        run = real(self)
+        if self.name != "native":
+            return run
+
+        def unsupported(x, w, *, out=None, dots=None):
+            raise NotImplementedError("native: not on this backend")
+        return unsupported
+
+    monkeypatch.setattr(registry.Path, "kernel", kernel)
+    d = tmp_path / KEY
+    native, mmq = (golden.cases(KEY, [p])[0] for p in ("native", "mmq"))      # cases the code expects
+    man = golden.capture(d, [native, mmq], DEVICE, log=lambda s: None)
+    assert [e["id"] for e in man["cases"]] == [mmq.id]
+    assert man["refused"] == [{"id": native.id, "why": "raised NotImplementedError: native: not on this backend"}]
+    (o,) = golden.missing(golden.load(d), ids=[native.id])
+    assert o.status == "missing" and not o.ok and "refused at capture (raised NotImplementedError" in o.detail
+    # and a kernel that raises at verify time is an error of that case, never a skip
+    def gone(x, w, *, out=None, dots=None):
+        raise NotImplementedError("gone")
+    monkeypatch.setattr(registry.Path, "kernel", lambda self: gone)
+    (o,) = golden.verify(golden.load(d), DEVICE, ids=[mmq.id])
+    assert o.status == "error" and not o.ok and "NotImplementedError: gone" in o.detail
+
+
+def _code_class(path: str) -> str:
+    """The bits class this test expects, from the module docstring's rule: only a floating path
+    on the interpreter has CPU-dependent bits."""
+    return "isa-dependent" if INTERP and registry.get(path).arithmetic == "floating" else "exact"
+
+
+@pytest.mark.parametrize("path", ["native", "mmq"])
+def test_a_manifest_bits_claim_never_decides_and_is_reported(path, tiny, tmp_path, monkeypatch):
+    """A manifest that records the other class for a path (exact for a bounded one, bounded for
+    an exact one): the comparison stays the code's, and the disagreement is a failure."""
+    case = {"native": FLOATING, "mmq": EXACT}[path]
+    claim = "exact" if _code_class(path) == "isa-dependent" else "isa-dependent"
+    d = _copy(tiny, tmp_path)
+    man = _manifest(d)
+    man["paths"][path]["bits"] = claim
+    _write_manifest(d, man)
+    g = golden.load(d)
+    (o,) = golden.verify(g, DEVICE, ids=[case.id])
+    assert o.status == "integrity" and not o.ok
+    assert f"the manifest records bits {claim!r} for {path}, the code decides {_code_class(path)!r}" in o.detail
+    # on another CPU the code's class decides: an exact path's 1-ulp change stays a difference
+    _other_cpu(monkeypatch)
+    if _code_class(path) == "exact":
+        _nudge(monkeypatch, path, 3, 7, 1)
+        (o,) = golden.verify(g, DEVICE, ids=[case.id])
+        assert o.status == "different" and o.comparison == "exact" and "first at [3, 7]" in o.detail
+    else:
+        assert golden.comparison(g, registry.get(path), golden.isa()).startswith("bound (torch_cpu_capability")
+
+
+def test_the_running_backend_decides_the_class_not_the_manifest(tiny, tmp_path, monkeypatch, capsys):
+    """A capture whose manifest names another backend than the one running is refused, and the
+    class of a path is the running backend's (a GPU never compares a floating path by the CPU
+    bound because a manifest says 'interpreter')."""
+    d = _copy(tiny, tmp_path)
+    g = golden.load(d)
+    other = "sm90" if INTERP else "interpreter"
+    monkeypatch.setattr(backend, "golden_key", lambda: other)
+    how = golden.comparison(g, registry.get("native"), golden.isa())
+    assert how == "exact" if other != "interpreter" else how.startswith("bound")
+    with pytest.raises(golden.OtherBackend, match=rf"holds the capture of backend '{KEY}'; this run is on '{other}'"):
+        golden.verify(g, DEVICE, ids=IDS)
+    rc, out = _cli(capsys, "verify", "--dir", str(d))
+    assert rc == 2 and f"holds the capture of backend '{KEY}'" in out
+
+
+def _rewriting(monkeypatch, path, mode):
+    """`path`'s run from its second call on: 'rewrites' moves its output by one ulp at [0, 0] and
+    writes that into the buffer it returned before too (so two results read from the kernel's
+    own buffers are one tensor); 'cached' returns the buffer of its first call."""
+    real = registry.Path.kernel
+    state = {"first": None, "calls": 0}
+
+    def kernel(self):
+        run = real(self)
+        if self.name != path:
+            return run
+
+        def aliasing(x, w, *, out=None, dots=None):
+            state["calls"] += 1
+            if state["calls"] == 1:
+                state["first"] = run(x, w, out=out)
+                return state["first"]
+            if mode == "cached":
+                return state["first"]
+            y = run(x, w, out=out)
+            y.view(torch.int16)[0, 0] += 1
+            state["first"].copy_(y)
+            return y
+        return aliasing
+    monkeypatch.setattr(registry.Path, "kernel", kernel)
+
+
+@pytest.mark.parametrize("mode", ["rewrites", "cached"])
+def test_a_rerun_that_aliases_its_output_is_caught_in_verify(mode, tiny, monkeypatch):
+    g = golden.load(tiny)
+    _rewriting(monkeypatch, "mmq", mode)
+    (o,) = golden.verify(g, DEVICE, ids=[EXACT.id])
+    assert not o.ok
+    if mode == "rewrites":
+        assert o.status == "different" and "a rerun gave other bytes (not deterministic)" in o.detail
+        assert "first at [0, 0]" in o.detail
+    else:
+        assert o.status == "error" and "ignored out=" in o.detail
+
+
+def test_a_rerun_that_aliases_its_output_is_refused_at_capture(tmp_path, monkeypatch):
+    _rewriting(monkeypatch, "mmq", "rewrites")
+    man = golden.capture(tmp_path / KEY, [EXACT], DEVICE, log=lambda s: None)
+    assert man["cases"] == [] and man["refused"] == [{"id": EXACT.id, "why": "a rerun gave other bytes (not deterministic)"}]
+
+
+def test_run_case_refuses_a_result_on_an_earlier_storage(tiny):
+    """The storage guard itself: a result that is the storage of a tensor given in `avoid` (an
+    earlier run's buffer, the golden) is refused, and the returned tensor is a copy."""
+    g = golden.load(tiny)
+    ins = golden._Inputs(g)
+    e = next(e for e in g.manifest["cases"] if e["id"] == EXACT.id)
+    x, w = ins.x(e), golden.weight_for(EXACT, ins.weight(e["weight"]), DEVICE)
+    bufs = []
+    y = golden.run_case(EXACT, x, w, DEVICE, keep=bufs)
+    assert len(bufs) == 1 and y.untyped_storage().data_ptr() != bufs[0].untyped_storage().data_ptr()
+    earlier = []
+
+    def hands_back(x, w, *, out=None, dots=None):
+        earlier.append(out)        # as if this buffer were one it had returned before
+        return out
+    with pytest.raises(AssertionError, match="the storage of an earlier result"):
+        golden.run_case(EXACT, x, w, DEVICE, kernel=hands_back, avoid=earlier)
+
+
+@pytest.mark.parametrize("extra", ["stale.safetensors", "notes.txt", ".manifest.json.tmp", "sub/"])
+def test_unlisted_files_in_a_capture_fail_naming_them(extra, tiny, tmp_path, capsys):
+    d = _copy(tiny, tmp_path)
+    if extra.endswith("/"):
+        (d / extra).mkdir()
+    else:
+        (d / extra).write_text("x")
+    with pytest.raises(golden.GoldenIntegrityError, match=rf"holds 1 file\(s\) its manifest does not list: {extra}"):
+        golden.load(d)
+    rc, out = _cli(capsys, "verify", "--dir", str(d))
+    assert rc == 1 and "ERROR (integrity)" in out and extra in out
+    assert f"reproduce: ./pq2 --device {'cpu' if INTERP else 'cuda'} golden verify --dir {d}" in out
+
+
+def test_a_case_capture_may_hold_its_model_capture_folder(tiny, tmp_path):
+    d = _copy(tiny, tmp_path)
+    (d / "model").mkdir()
+    assert golden.load(d).manifest["cases"]
+    (d / "model" / "stray.bin").write_text("x")
+    (d / "model" / golden.MANIFEST).write_text(json.dumps({"format": 2, "kind": "model", "files": {}, "cases": []}))
+    with pytest.raises(golden.GoldenIntegrityError, match="does not list: stray.bin"):
+        golden.load(d / "model")
