@@ -20,10 +20,37 @@ def pct(v) -> str:
 
 
 def ratio_cell(sp, control=False) -> str:
+    """median of the per-round ratios [its 95% bootstrap interval] (older rows: [min-max])."""
     if not sp:
         return DASH
-    s = f"{sp['median']:.2f}x [{sp['min']:.2f}-{sp['max']:.2f}]"
+    lo, hi = (sp["lo"], sp["hi"]) if "lo" in sp else (sp["min"], sp["max"])
+    s = f"{sp['median']:.2f}x [{lo:.2f}-{hi:.2f}]"
     return s + (" A/A" if control else "")
+
+
+def verdict_cell(row: dict) -> str:
+    if row.get("status") == "same":
+        return "A == B, not timed"
+    v = row.get("verdict") or DASH
+    sus = [s for s, side in (row.get("sides") or {}).items() if side.get("suspicious")]
+    if sus:
+        v += " SUSPICIOUS " + ",".join(sus)
+    if row.get("check_failures"):
+        v += " CHECK FAILED"
+    return v
+
+
+def rounds_cell(row: dict) -> str:
+    t = row.get("timing") or {}
+    if not t.get("rounds"):
+        return DASH
+    out = f"{t['rounds']}" + (f" ({t['stopped']})" if t.get("stopped") else "")
+    d = t.get("drift")
+    if d and d.get("flagged"):
+        out += f" DRIFT {d['ratio'] - 1:+.0%}"
+    if t.get("throttled"):
+        out += f" throttled {t['throttled']}"
+    return out
 
 
 def time_cell(side: dict, digits=1) -> str:
@@ -79,6 +106,14 @@ def progress_line(i: int, n: int, row: dict) -> str:
             return head + f"bandwidth: {row.get('note', st)}"
         parts = ", ".join(f"{k} {num(v.get('gbps'), 0)} GB/s" for k, v in row["probes"].items())
         return head + f"bandwidth: stream read {num(row['stream_read_gbps'], 0)} GB/s ({parts})"
+    if row["kind"] == "aa":
+        what = f"A/A {row['shape']} M={row['m']} {path_cell(row, 'a')}"
+        if st != "timed":
+            return head + f"{what}: {row.get('note') if st == 'skipped' else st.upper()}"
+        return head + f"{what}: noise floor {ratio_cell((row.get('ratios') or {}).get('a2_over_a'))}, rounds {rounds_cell(row)}"
+    if st == "same":
+        what = (f"{row['shape']} M={row['m']}" if row["kind"] == "shape" else f"decode step M={row['m']}")
+        return head + f"{what}: {row.get('note')}"
     sides = row["sides"]
     what = (f"{row['shape']} {row['n']}x{row['k']} M={row['m']}" if row["kind"] == "shape"
             else f"decode step M={row['m']} ({row['calls']} calls)")
@@ -104,24 +139,40 @@ def progress_line(i: int, n: int, row: dict) -> str:
         bits.append(f"B {pct(b['pct_bw'])} of BW, SM {clock_cell(b)} MHz")
     if row["kind"] == "step" and b.get("pct_floor") is not None:
         bits.append(f"B at {pct(b['pct_floor'])} of floor {row['floor_ms']:.3f} ms")
-    for lab, name in (("sol", "SOL"), ("sol_pdl", "SOL+PDL")):
-        sol = (row.get("sol") or {}).get(lab) or {}
-        if sol.get("time"):
-            bits.append(f"{name} {num(sol['time']['median'], 3)} ms ({pct(sol.get('pct_floor'))} of floor)")
-        elif sol.get("error"):
-            bits.append(f"{name} ERROR")
+    best = row.get("sol_best")
+    sol = (row.get("sol") or {}).get(best) or {}
+    if sol.get("time"):
+        bits.append(f"SOL {sol_name(best)} {num(sol['time']['median'], 3)} ms ({pct(sol.get('pct_floor'))} of floor)")
+    errs = [lab for lab, v in (row.get("sol") or {}).items() if v.get("error")]
+    if errs:
+        bits.append("SOL ERROR " + ",".join(errs))
+    if (row.get("timing") or {}).get("rounds"):
+        bits.append(f"rounds {rounds_cell(row)}")
+    if row.get("check_failures"):
+        bits.append("CHECK AFTER TIMING FAILED: " + "; ".join(row["check_failures"]))
     if st == "skipped":
         bits.append(row.get("note", "timing skipped"))
     return head + what + ": " + " | ".join(bits)
 
 
 # --- tables as rows of cells (shared by the console and Markdown) -----------------------------
-SHAPE_COLS = ("shape", "M", "A path", "B path", "gate", "A µs", "B µs", "B/A", "BF16 µs", "B/BF16",
-              "B GB/s", "B %BW", "B Top/s", "B %int8 peak", "B SM MHz", "mem MHz", "B power W")
+SHAPE_COLS = ("shape", "M", "A path", "B path", "gate", "A µs", "B µs", "B/A", "verdict", "rounds", "BF16 µs",
+              "B/BF16", "B GB/s", "B %BW", "B Top/s", "B %int8 peak", "B SM MHz", "mem MHz", "B power W")
 STEP_COLS = ("M", "A paths", "B paths", "gate", "A ms", "B ms", "BF16 ms", "floor ms", "A %floor",
-             "B %floor", "B/A", "B/BF16", "B SM MHz", "B power W")
-SOL_COLS = ("M", "floor ms", "SOL ms", "SOL %floor", "SOL+PDL ms", "SOL+PDL %floor", "A/SOL", "A/SOL+PDL",
-            "B/SOL", "B/SOL+PDL")
+             "B %floor", "B/A", "verdict", "rounds", "B/BF16", "B SM MHz", "B power W")
+SOL_COLS = ("M", "floor ms", "plain ms", "PDL wait first", "PDL 1 chunk", "PDL 2", "PDL 4", "PDL all",
+            "SOL = best", "SOL %floor", "A/SOL", "B/SOL")
+AA_COLS = ("item", "shape", "M", "path", "A µs", "A' µs", "A'/A (noise floor)", "rounds")
+
+
+def sol_name(label) -> str:
+    """'plain', 'PDL wait first', 'PDL 2 chunks', 'PDL all chunks' for a sol.SOL_LABELS label."""
+    if not label:
+        return DASH
+    if label == "sol":
+        return "plain"
+    d = label[len("sol_pdl"):]
+    return {"0": "PDL wait first", "_all": "PDL all chunks"}.get(d, f"PDL {d} chunk{'s' if d != '1' else ''}")
 FIT_COLS = ("shape", "M", "side", "path", "fixed µs/call", "marginal GB/s", "marginal %BW",
             "µs at N/4, N/2, N", "max resid")
 
@@ -130,8 +181,10 @@ def shape_cells(row: dict) -> list:
     s = row.get("sides") or {}
     b, bf = s.get("b") or {}, s.get("bf16")
     r = row.get("ratios") or {}
+    same = row.get("status") == "same"
     return [f"{row.get('shape')}", str(row.get("m")), path_cell(row, "a"), path_cell(row, "b"), gate_cell(row),
-            time_cell(s.get("a")), time_cell(b), ratio_cell(r.get("b_over_a"), row.get("control")),
+            time_cell(s.get("a")), time_cell(b) if not same else DASH,
+            ratio_cell(r.get("b_over_a"), row.get("control")), verdict_cell(row), rounds_cell(row),
             time_cell(bf) if bf else DASH, ratio_cell(r.get("b_over_bf16")), num(b.get("gbps"), 0),
             pct(b.get("pct_bw")), *_tops_cells(row, b), clock_cell(b), mem_cell(b), power_cell(b)]
 
@@ -152,20 +205,29 @@ def step_cells(row: dict) -> list:
         bf_ms += " (sum)"
     return [str(row.get("m")), path_cell(row, "a"), path_cell(row, "b"), gate_cell(row), time_cell(a, 3),
             time_cell(b, 3), bf_ms, num(row.get("floor_ms"), 3), pct(a.get("pct_floor")), pct(b.get("pct_floor")),
-            ratio_cell(r.get("b_over_a"), row.get("control")), ratio_cell(r.get("b_over_bf16")),
-            clock_cell(b), power_cell(b)]
+            ratio_cell(r.get("b_over_a"), row.get("control")), verdict_cell(row), rounds_cell(row),
+            ratio_cell(r.get("b_over_bf16")), clock_cell(b), power_cell(b)]
 
 
 def sol_cells(row: dict) -> list:
     """A step against the speed-of-light reads of its bytes: their ms and % of the floor, and
     each side's time over theirs (per round, median [min-max]; 1.00x = at the speed of light)."""
+    from .bench.sol import SOL_LABELS
     sol = row.get("sol") or {}
     r = row.get("ratios") or {}
     cells = [str(row.get("m")), num(row.get("floor_ms"), 3)]
-    for lab in ("sol", "sol_pdl"):
+    for lab in SOL_LABELS:
         v = sol.get(lab) or {}
-        cells += ["ERROR" if v.get("error") else num((v.get("time") or {}).get("median"), 3), pct(v.get("pct_floor"))]
-    return cells + [ratio_cell(r.get(f"{lab}_over_{s}")) for s in ("a", "b") for lab in ("sol", "sol_pdl")]
+        cells.append("ERROR" if v.get("error") else num((v.get("time") or {}).get("median"), 3))
+    best = row.get("sol_best")
+    cells += [sol_name(best), pct((sol.get(best) or {}).get("pct_floor"))]
+    return cells + [ratio_cell(r.get(f"{best}_over_{s}")) if best else DASH for s in ("a", "b")]
+
+
+def aa_cells(row: dict) -> list:
+    s = row.get("sides") or {}
+    return [row["key"], str(row.get("shape")), str(row.get("m")), path_cell(row, "a"), time_cell(s.get("a")),
+            time_cell(s.get("a2")), ratio_cell((row.get("ratios") or {}).get("a2_over_a")), rounds_cell(row)]
 
 
 def fit_rows(res: dict, bw=None) -> list:
@@ -206,7 +268,8 @@ def title(res: dict) -> str:
 def console_tables(res: dict) -> list:
     from rich.table import Table
     out = []
-    for kind, cols, cells, name in (("shape", SHAPE_COLS, shape_cells, "per shape (µs per call)"),
+    for kind, cols, cells, name in (("aa", AA_COLS, aa_cells, "A/A: the control against itself (noise floor)"),
+                                    ("shape", SHAPE_COLS, shape_cells, "per shape (µs per call)"),
                                     ("step", STEP_COLS, step_cells, "chained decode step (ms per step)"),
                                     ("step", SOL_COLS, sol_cells, "decode step against the speed of light")):
         rows = _rows(res, kind)
@@ -237,7 +300,8 @@ def console_tables(res: dict) -> list:
 
 
 def _error_cells(r: dict, n: int) -> list:
-    first = [r.get("shape") or DASH, str(r.get("m"))] if r["kind"] == "shape" else [str(r.get("m"))]
+    first = ([r.get("shape") or DASH, str(r.get("m"))] if r["kind"] == "shape" else
+             [r["key"], r.get("shape") or DASH, str(r.get("m"))] if r["kind"] == "aa" else [str(r.get("m"))])
     return first + ["ERROR: " + str(r.get("error"))] + [DASH] * (n - len(first) - 1)
 
 
@@ -287,7 +351,29 @@ def summary_lines(res: dict) -> list:
         if p["slower"]:
             out.append(f"{p['tuned']} vs {p['legacy']} at {p['shape']} M={p['m']}: {ratio_cell(p['speedup'])} "
                        f"-> slower than legacy: remove from tuned selection"
-                       + (" (range crosses 1: confirm with a fresh run)" if p["within_noise"] else ""))
+                       + (" (interval crosses 1: confirm with a fresh run)" if p["within_noise"] else ""))
+    aa = res.get("noise")
+    out.append(f"noise floor (A/A row, the control against itself): {ratio_cell(aa)}" if aa else
+               "noise floor: no A/A row timed in this run (verdicts against 1 alone)")
+    if res.get("run_drift"):
+        d = res["run_drift"]
+        out.append(f"run drift bracket (A/A control first and last): {d['ratio']:.3f}x"
+                   + (" DRIFT beyond the tolerance" if d["flagged"] else ""))
+    for line in res.get("suspicious") or []:
+        out.append("SUSPICIOUS " + line)
+    for line in res.get("suspect") or []:
+        out.append("CHECK AFTER TIMING FAILED " + line)
+    for line in res.get("drift") or []:
+        out.append("DRIFT " + line)
+    for line in res.get("throttled") or []:
+        out.append("THROTTLED " + line)
+    bl = res.get("baseline")
+    if bl:
+        out.append(f"regression gate against {bl['file']} (tolerance {bl['tol']:.0%}): {len(bl['rows'])} sides "
+                   f"compared, {len(bl['regressions'])} slower beyond it"
+                   + (f", {len(bl['missing'])} stored rows not timed in this run" if bl["missing"] else ""))
+        for line in bl["regressions"]:
+            out.append("REGRESSION " + line)
     for line in blocked_lines(res):
         out.append("BLOCKED " + line)
     for r in res["rows"]:
@@ -300,8 +386,8 @@ def summary_lines(res: dict) -> list:
                 out.append(f"ERROR {r['key']} {s} fixed-cost fit: {side['fit_error']}")
         out += values_lines(r)
     if res.get("not_run"):
-        out.append(f"not run (budget of {res['config'].get('budget_s')} s spent; --resume continues): "
-                   + ", ".join(res["not_run"]))
+        out.append(f"PARTIAL: {len(res['not_run'])} items not run (budget of {res['config'].get('budget_s')} s spent; "
+                   "--resume continues): " + ", ".join(res["not_run"]))
     if res.get("resumed"):
         out.append(f"resumed from the JSON lines file: {len(res['resumed'])} items")
     return out
@@ -354,6 +440,17 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
                        [[k, num(v.get("bytes", 0) / 1e9, 2) + " GB", num((v.get("us") or {}).get("median")),
                          num(v.get("gbps"), 0), clock_cell(v)] if "error" not in v else [k, "-", "-", v["error"], "-"]
                         for k, v in bwr["probes"].items()])
+    aas = _rows(res, "aa")
+    if aas:
+        L += ["", "## A/A: the control against itself (the run's noise floor; first and last item)", ""]
+        L += _md_table(AA_COLS, [aa_cells(r) if r.get("status") != "error" else _error_cells(r, len(AA_COLS))
+                                 for r in aas])
+    bl = res.get("baseline")
+    if bl and bl["rows"]:
+        L += ["", f"## Regression gate against {bl['file']}", ""]
+        L += _md_table(("item", "side", "stored / this run [95%]", "verdict"),
+                       [[e["key"], e["side"], f"{e['speedup']['median']:.3f}x [{e['speedup']['lo']:.3f}-"
+                         f"{e['speedup']['hi']:.3f}]", e["verdict"]] for e in bl["rows"]])
     steps = _rows(res, "step")
     if steps:
         s0 = steps[0]
@@ -363,7 +460,8 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
               f"{num((s0.get('weight_bytes') or 0) / 1e9, 2)} GB)", ""]
         L += _md_table(STEP_COLS, [step_cells(r) if r.get("status") != "error" else _error_cells(r, len(STEP_COLS))
                                    for r in steps])
-        L += ["", "### Against the speed of light (pure streaming reads with the step's call structure)", ""]
+        L += ["", "### Against the speed of light (pure streaming reads with the step's call structure; "
+              "PDL swept over the chunks read before the wait; the SOL is the best of the sweep)", ""]
         L += _md_table(SOL_COLS, [sol_cells(r) if r.get("status") != "error" else _error_cells(r, len(SOL_COLS))
                                   for r in steps])
         L += ["", f"- chain: {s0['note']}"] if s0.get("status") == "timed" and s0.get("note") else [""]
@@ -422,8 +520,25 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
           "beyond streaming its weights (launches, quantize or reduce kernels, prologue and tail); "
           "marginal GB/s = 1 / slope; max resid = the largest misfit over its point's time (a large one: "
           "the path's config changes with N).",
-          "- Noise between identical controls reached 12% in earlier work (SPEC §8): a ratio whose range "
-          "crosses 1 needs a fresh run."]
+          "- Statistics: a ratio is the median of the per-round ratios with its 95% percentile-bootstrap "
+          "interval over the rounds (seeded). The A/A row times the control against itself (two graphs of the "
+          "same calls) first and last in the run: its interval is the noise floor, and its first and last "
+          "times are the run's drift bracket. Verdict: faster or slower when B/A's interval lies wholly "
+          "outside the noise floor (widened to include 1), else within noise. Rounds go on two at a time "
+          "until each interval is at most --ci-width wide, --max-pairs rounds, or the budget ends (the "
+          "rounds column says which). Each item's control is also timed before the first and after the "
+          "last round (drift bracket, flagged beyond 5%); rounds during which NVML reported a throttle "
+          "reason are flagged and dropped (kept, and said so, when fewer than 7 clean rounds remain).",
+          "- Checks after timing: one replay of each timed graph after the last round must give the gate's "
+          "function of the gated inputs (bit-equal for PQ2 paths, whose determinism the gate proved; cuBLAS "
+          "within 1e-3 relative RMS); x and every weight copy keep their fingerprints; with x rewritten "
+          "between replays the output must follow it; the CUDA events must see at least half the time of "
+          "the synchronized host clock. A failed one marks the row CHECK FAILED and the run FAIL.",
+          "- Suspicious: a side faster than the best speed-of-light read (a step) or than streaming its "
+          "weight bytes at the measured bandwidth (a shape) by more than the noise floor: skipped work or a "
+          "cached result, not a speedup; the run FAILs.",
+          "- A == B: an item whose A and B resolve to the same path is not timed (dense shapes, the cuBLAS "
+          "reference, time A alone); a run in which no item differs is refused before any work."]
     if png_name:
         L += ["", f"![speedup and percent of bandwidth]({png_name})"]
     elif plot_note:

@@ -60,8 +60,8 @@ def _one_ulp(x, w, *, out=None, dots=None):
     return out
 
 
-FAKES = {"fake_right": _right, "fake_wrong": _wrong, "fake_unwritten": _unwritten, "fake_crash": _crash,
-         "fake_one_ulp": _one_ulp}
+FAKES = {"fake_right": _right, "fake_right2": _right, "fake_wrong": _wrong, "fake_unwritten": _unwritten,
+         "fake_crash": _crash, "fake_one_ulp": _one_ulp}
 
 
 @pytest.fixture
@@ -147,12 +147,22 @@ def test_prefill_rows_give_top_s_and_the_int8_peak_fraction():
 
 
 def test_a_passing_pair_is_timed_and_compared(fakes):
+    env = GatedFakeTime({"legacy": "fake_right", "tuned": "fake_right2"})
+    row = bench.run_shape(env, Config(pairs=7, warmup=1), Item("shape", 1, SMALL), bw=4000.0)
+    assert row["status"] == "timed" and not row["control"]
+    assert sorted(env.built) == ["a", "a/2", "a/4", "b", "b/2", "b/4", "bf16", "bf16/2", "bf16/4"]
+    r = row["ratios"]["b_over_a"]
+    assert r["lo"] <= r["median"] <= r["hi"] and r["n"] >= 7
+    assert row["sides"]["b"]["clocks"]["sm_mhz"]["median"] == 1980.0
+
+
+def test_a_pair_on_one_path_is_not_timed(fakes):
+    """A and B on the same path: "A == B, not timed", no ratio, nothing built."""
     env = GatedFakeTime({"legacy": "fake_right", "tuned": "fake_right"})
     row = bench.run_shape(env, Config(pairs=7, warmup=1), Item("shape", 1, SMALL), bw=4000.0)
-    assert row["status"] == "timed" and row["control"]          # same path both sides: A/A
-    assert sorted(env.built) == ["a", "a/2", "a/4", "b", "b/2", "b/4", "bf16", "bf16/2", "bf16/4"]
-    assert "A/A" in bench_report.ratio_cell(row["ratios"]["b_over_a"], row["control"])
-    assert row["sides"]["b"]["clocks"]["sm_mhz"]["median"] == 1980.0
+    assert row["status"] == "same" and row["note"] == "A == B (fake_right), not timed"
+    assert env.built == [] and row["ratios"] == {}
+    assert bench_report.verdict_cell(row) == "A == B, not timed"
 
 
 def test_timed_calls_are_the_gated_function(fakes):
@@ -375,10 +385,11 @@ def test_decode_step_is_the_257_projections():
 def test_plan_puts_the_targets_first():
     shapes = bench.select_shapes("gate_up,in_proj_ba", "bonsai27b")
     plan = bench.make_plan(Config(ms=(2, 1, 2048, 128), step_ms=(1, 16)), shapes, with_step=True)
-    assert [i.key for i in plan] == ["bandwidth", "shape:gate_up:m1", "shape:in_proj_ba:m1", "step:m1",
+    assert [i.key for i in plan] == ["bandwidth", "aa", "shape:gate_up:m1", "shape:in_proj_ba:m1", "step:m1",
                                      "shape:gate_up:m2048", "shape:in_proj_ba:m2048", "step:m16",
                                      "shape:gate_up:m2", "shape:in_proj_ba:m2",
-                                     "shape:gate_up:m128", "shape:in_proj_ba:m128"]
+                                     "shape:gate_up:m128", "shape:in_proj_ba:m128", "aa:last"]
+    assert plan[1].shape.name == "gate_up" and plan[1].m == 1       # the A/A row: a PQ2 shape, the first M
     with pytest.raises(ValueError, match="unknown"):
         bench.select_shapes("gate_upp", "bonsai27b")
     with pytest.raises(ValueError, match="at least 7"):
@@ -388,19 +399,23 @@ def test_plan_puts_the_targets_first():
 def test_budget_stops_and_resume_finishes(tmp_path):
     jl = tmp_path / "r.jsonl"
     cfg = Config(shapes="gate_up,down", ms=(1,), step_ms=(1,), pairs=7, warmup=1, budget_s=25)
-    ticks = iter(range(0, 10 ** 6, 10))
+    now = [0]
+
+    def tick(i, n, row):        # each finished item takes 10 s
+        now[0] += 10
     env1 = FakeEnv()
-    r1 = bench.run(cfg, env1, jsonl=jl, clock=lambda: next(ticks))
-    assert [r["key"] for r in r1["rows"]] == ["bandwidth", "shape:gate_up:m1"]
+    r1 = bench.run(cfg, env1, jsonl=jl, clock=lambda: now[0], progress=tick)
+    # 30 s after bandwidth, A/A and gate_up: no new item, but the closing A/A bracket runs
+    assert [r["key"] for r in r1["rows"]] == ["bandwidth", "aa", "shape:gate_up:m1", "aa:last"]
     assert r1["not_run"] == ["shape:down:m1", "step:m1"]
-    assert "not run" in " ".join(bench_report.summary_lines(r1))
+    assert "PARTIAL: 2 items not run" in " ".join(bench_report.summary_lines(r1))
     env2 = FakeEnv()
     r2 = bench.run(replace(cfg, budget_s=None), env2, jsonl=jl, resume=True)
-    assert r2["resumed"] == ["bandwidth", "shape:gate_up:m1"] and not r2["not_run"]
-    assert len(r2["rows"]) == 4 and r2["rows"][-1]["status"] == "timed"
-    assert "bf16" in env2.built and env2.built.count("a") == 2   # down, then the step
+    assert r2["resumed"] == ["bandwidth", "aa", "shape:gate_up:m1"] and not r2["not_run"]
+    assert len(r2["rows"]) == 6 and r2["rows"][-2]["status"] == "timed"
+    assert "bf16" in env2.built and env2.built.count("a") == 3   # down, the step, the closing A/A
     lines = [json.loads(s) for s in jl.read_text().splitlines()]
-    assert [x["kind"] for x in lines] == ["header", "bandwidth", "shape", "shape", "step"]
+    assert [x["kind"] for x in lines] == ["header", "bandwidth", "aa", "shape", "aa", "shape", "step", "aa"]
     with pytest.raises(ValueError, match="other settings"):
         bench.run(replace(cfg, pairs=9), FakeEnv(), jsonl=jl, resume=True)
 
@@ -409,10 +424,13 @@ def test_a_broken_line_is_rerun(tmp_path):
     jl = tmp_path / "r.jsonl"
     cfg = Config(shapes="out", ms=(1,), step_ms=(), pairs=7, warmup=1)
     bench.run(cfg, FakeEnv(), jsonl=jl)
-    jl.write_text(jl.read_text()[:-40])                          # a crash cut the last line
+    lines = jl.read_text().splitlines(keepends=True)
+    assert json.loads(lines[3])["key"] == "shape:out:m1"
+    jl.write_text("".join(lines[:3]) + lines[3][:-40])           # a crash cut the shape's line
     env = FakeEnv()
     r = bench.run(cfg, env, jsonl=jl, resume=True)
-    assert r["resumed"] == ["bandwidth"] and [lab for lab in env.built if "/" not in lab] == ["a", "b", "bf16"]
+    assert r["resumed"] == ["bandwidth", "aa"]
+    assert [lab for lab in env.built if "/" not in lab] == ["a", "b", "bf16", "a", "a2"]   # then the closing A/A
 
 
 def test_blocked_dry_run_reports_and_targets(tmp_path):
@@ -477,11 +495,11 @@ def _xor(t) -> int:
     return functools.reduce(operator.xor, (t.to(torch.int64) & 0xFFFFFFFF).tolist(), 0)
 
 
-@pytest.mark.parametrize("pdl,pre", [(False, 1), (True, 1), (True, 2)])
+@pytest.mark.parametrize("pdl,pre", [(False, 1), (True, 0), (True, 1), (True, 2), (True, 8)])
 def test_sol_read_covers_exactly_its_buffer(pdl, pre, device, monkeypatch):
     """The speed-of-light kernel reads every element once (the XOR of its partials is the XOR of
     the buffer): int32 words over several chunks a program, and an odd number of bytes; with
-    one or two chunks issued before the wait."""
+    none, one, two or all chunks read before the wait."""
     monkeypatch.setattr(bench.sol, "PRE", pre)
     dev = "cuda" if device == "cuda" else "cpu"
     g = torch.Generator().manual_seed(7)
@@ -506,15 +524,17 @@ def test_sol_contestants_read_each_call_weight_once(small_step, device):
     step = bench.step_contestant("b", paths, parts, 2, w)
     on_dev = [x.to("cuda" if device == "cuda" else "cpu") for x in w()]   # the read kernel runs there
     sols = bench.sol_contestants(lambda: on_dev, step.calls)
-    assert [c.label for c in sols] == ["sol", "sol_pdl"]
+    assert [c.label for c in sols] == ["sol", "sol_pdl0", "sol_pdl1", "sol_pdl2", "sol_pdl4", "sol_pdl_all"]
+    assert [c.depth for c in sols] == [None, 0, 1, 2, 4, "all"]
     for c in sols:
         assert c.per == 1 and len(c.calls) == 305 and c.nbytes == step.nbytes
         assert {cl.path for cl in c.calls} == {"probe:" + c.label}
-    thunks = sols[1].build()
-    assert len(thunks) == 305
-    for t, wt in zip(thunks[:5], on_dev[:5]):       # each kernel reads its own copy's bytes (in_proj_ba: 1)
-        t()
-        assert _xor(t.part.cpu()) == _xor(bench.weight_bytes(wt).cpu())
+    for c in (sols[1], sols[-1]):
+        thunks = c.build()
+        assert len(thunks) == 305
+        for t, wt in zip(thunks[:5], on_dev[:5]):       # each kernel reads its own copy's bytes (in_proj_ba: 1)
+            t()
+            assert _xor(t.part.cpu()) == _xor(bench.weight_bytes(wt).cpu())
 
 
 def test_step_row_has_sol_rows_with_and_without_pdl():
@@ -525,18 +545,22 @@ def test_step_row_has_sol_rows_with_and_without_pdl():
     assert row["status"] == "timed" and row["calls"] == 305 and row["dense_calls"] == 48
     assert row["weight_bytes"] == row["pq2_bytes"] + row["dense_bytes"] and row["dense_bytes"] == 48 * 96 * 5120 * 2
     assert row["floor_ms"] == pytest.approx(row["weight_bytes"] / (bw * 1e9) * 1e3)
-    assert {"sol", "sol_pdl"} <= set(env.built)
-    sol, pdl = row["sol"]["sol"], row["sol"]["sol_pdl"]
+    assert set(bench.SOL_LABELS) <= set(env.built)
+    sol, pdl = row["sol"]["sol"], row["sol"]["sol_pdl1"]
     assert (sol["pdl"], pdl["pdl"]) == (False, True) and sol["calls"] == pdl["calls"] == 305
-    for v in (sol, pdl):
+    for lab in bench.SOL_LABELS:
+        v = row["sol"][lab]
         assert v["pct_floor"] == pytest.approx(row["floor_ms"] / v["time"]["median"])
-    for s in ("a", "b"):
-        t = row["sides"][s]["time"]["median"]
-        assert row["ratios"][f"sol_over_{s}"]["median"] == pytest.approx(t / sol["time"]["median"])
-        assert row["ratios"][f"sol_pdl_over_{s}"]["median"] == pytest.approx(t / pdl["time"]["median"])
+        for s in ("a", "b"):
+            t = row["sides"][s]["time"]["median"]
+            assert row["ratios"][f"{lab}_over_{s}"]["median"] == pytest.approx(t / v["time"]["median"])
+    # the SOL is the best of the sweep: noise-free fake reads are fastest with every chunk before the wait
+    best = min(bench.SOL_LABELS, key=lambda lab: bench.fake_us(bench.Call("probe:" + lab, 0, 0, 0, 10 ** 9)))
+    assert best == "sol_pdl_all" and row["sol_best"] == best
     assert "no kernel added" in row["note"]
-    cells = bench_report.sol_cells(row)
-    assert cells[0] == "4" and cells[2] == f"{sol['time']['median']:.3f}" and cells[6].endswith("]")
+    cells = dict(zip(bench_report.SOL_COLS, bench_report.sol_cells(row)))
+    assert cells["M"] == "4" and cells["plain ms"] == f"{sol['time']['median']:.3f}"
+    assert cells["SOL = best"] == "PDL all chunks" and cells["B/SOL"].endswith("]")
 
 
 def test_fit_recovers_known_fixed_cost_and_bandwidth():

@@ -12,7 +12,10 @@ on Triton's interpreter and skips the timing with a reason; FakeEnv (dry run) fa
 timings so the table, report, plot and resume are exercised without CUDA.
 
 The package is cut by concern: plan, gate, contestants, timing, probe, sol (speed of light with
-the step's call structure), step (the chained decode step), envs, items, runner, verdicts. Its namespace re-exports what the CLI, the report and the tests use.
+the step's call structure, swept over PDL prefetch depths), step (the chained decode step),
+envs, items, runner, verdicts; stats (bootstrap intervals, verdicts, drift), checkafter (checks after
+timing), resolve (A/B resolution before any work), baseline (regression gate), selftest (planted
+timing faults). Its namespace re-exports what the CLI, the report and the tests use.
 """
 from .plan import (  # noqa: F401
     GB, STEP_COUNTS, STEP_DENSE, STEP_LAYERS, DEFAULT_MS, STEP_MS, INTERP_MS, FIT_DIVS, PRESETS,
@@ -33,12 +36,14 @@ from .envs import (  # noqa: F401
     RealEnv, FAKE_EFF, FAKE_RATE, FAKE_BW, fake_us, FakeTimer, FakeWeight, FakeInputs, FakeEnv,
     make_env)
 from .sol import (  # noqa: F401
-    read_call, launch_options, sol_contestants)
+    DEPTHS, SOL_LABELS, read_call, launch_options, sol_contestants)
 from .step import (  # noqa: F401
     step_parts, gain_log2, exponents, step_weights, step_contestant, run_chain, chain_stats)
 from .items import (  # noqa: F401
-    run_bandwidth, run_shape, run_step, execute)
+    run_bandwidth, run_shape, run_aa, run_step, execute)
 from .verdicts import (  # noqa: F401
-    tuned_side, ratio, slower_than_legacy, assess)
+    tuned_side, ratio, slower_than_legacy, assess, judge, noise_floor, sol_best)
 from .runner import (  # noqa: F401
-    load_jsonl, error_row, run)
+    load_jsonl, error_row, prepare, run)
+from .resolve import SameSides, preflight  # noqa: F401
+from . import baseline, checkafter, selftest, stats  # noqa: F401

@@ -7,6 +7,7 @@ import torch
 
 from .. import registry
 from ..weights import BLOCK_BYTES, PQ2Weight
+from .checkafter import Probe, Thunks
 from .plan import Config, GB, Shape, call_nbytes, copies_needed, dense_nbytes
 
 
@@ -29,6 +30,7 @@ class Contestant:
     calls: list                    # one replay of the graph, as Call records
     build: object                  # () -> list of thunks (CUDA only; a dry run never calls it)
     per: int                       # time units per replay: calls for a shape row, 1 for a step
+    depth: object = None           # a speed-of-light read's PDL prefetch depth (sol.DEPTHS)
 
     @property
     def nbytes(self) -> int:
@@ -85,14 +87,24 @@ def rotation(w, count: int) -> list:
     return [w] + [clone_weight(w) for _ in range(count - 1)]
 
 
-def path_contestant(label: str, path: str, shape: Shape, m: int, cfg: Config, x, copies, count: int):
-    """R calls of a registry path, one per weight copy, into one preallocated output."""
+def _data(w):
+    return w.data if isinstance(w, PQ2Weight) else w
+
+
+def path_contestant(label: str, path: str, shape: Shape, m: int, cfg: Config, x, copies, count: int,
+                    gate_print=None):
+    """R calls of a registry path, one per weight copy, into one preallocated output. Its probe
+    (checkafter): the output, x, every copy, and the path run eagerly on the gated weight."""
     nb = call_nbytes(shape, cfg.dtype)
 
     def build():
         run = registry.get(path).kernel()
         y = torch.empty(m, shape.n, dtype=x.dtype, device=x.device)
-        return [functools.partial(run, x, w, out=y) for w in copies()]
+        ws = copies()
+        t = Thunks(functools.partial(run, x, w, out=y) for w in ws)
+        t.probe = Probe(y, lambda: run(x, ws[0], out=torch.empty_like(y)), x, [x] + [_data(w) for w in ws],
+                        gate_print)
+        return t
     return Contestant(label, [Call(path, shape.n, shape.k, m, nb)] * count, build, count)
 
 
@@ -104,21 +116,25 @@ def weight_copies(inp, shape: Shape, cfg: Config):
     return functools.cache(lambda: rotation(inp.w, count)), count
 
 
-def contestant_for(label: str, path: str, shape: Shape, m: int, cfg: Config, inp, binp=None, copies=None):
+def contestant_for(label: str, path: str, shape: Shape, m: int, cfg: Config, inp, binp=None, copies=None,
+                   gate_print=None):
     """The timed calls of one side: `path` over rotating copies of inp.w, or cuBLAS on the
     decoded matrix binp.w when path is 'cublas' and binp is given."""
     if binp is not None:
-        return bf16_contestant(label, shape, m, cfg, inp.x, lambda: binp.w, cfg.rotate_gb * GB)
+        return bf16_contestant(label, shape, m, cfg, inp.x, lambda: binp.w, cfg.rotate_gb * GB, gate_print)
     copies, count = copies or weight_copies(inp, shape, cfg)
-    return path_contestant(label, path, shape, m, cfg, inp.x, copies, count)
+    return path_contestant(label, path, shape, m, cfg, inp.x, copies, count, gate_print)
 
 
-def bf16_contestant(label: str, shape: Shape, m: int, cfg: Config, x, wd, rotate_bytes: float):
+def bf16_contestant(label: str, shape: Shape, m: int, cfg: Config, x, wd, rotate_bytes: float, gate_print=None):
     """cuBLAS on the decoded dense weights: torch.mm(x, W.T, out=y) over rotating copies."""
     nb = dense_nbytes(shape.n, shape.k, cfg.dtype)
     count = copies_needed(nb, rotate_bytes)
 
     def build():
         y = torch.empty(m, shape.n, dtype=x.dtype, device=x.device)
-        return [functools.partial(torch.mm, x, w.t(), out=y) for w in rotation(wd(), count)]
+        ws = rotation(wd(), count)
+        t = Thunks(functools.partial(torch.mm, x, w.t(), out=y) for w in ws)
+        t.probe = Probe(y, lambda: torch.mm(x, ws[0].t()), x, [x] + ws, gate_print, tol=1e-3)
+        return t
     return Contestant(label, [Call("cublas", shape.n, shape.k, m, nb)] * count, build, count)

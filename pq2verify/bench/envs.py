@@ -50,7 +50,8 @@ class RealEnv:
     def gate(self, case, inp, *, baseline=False) -> Gate:
         key = ("bf16:" if baseline else "") + case.id
         if key not in self._gates:
-            self._gates[key] = gate(case, inp, self.device, reruns=self.reruns, repro=not baseline)
+            self._gates[key] = gate(case, inp, self.device, reruns=self.reruns, repro=not baseline,
+                                    record_output=not baseline and self.can_time)
         return self._gates[key]
 
     def side(self, kset: str, case0, inp):
@@ -104,7 +105,8 @@ class RealEnv:
 # fake model for dry runs: fraction of the bandwidth reached, and int8/bf16 rates (ops/s)
 FAKE_EFF = {"single": 0.87, "small_mma": 0.78, "int_gemv": 0.60, "native": 0.35, "mmq": 0.50,
             "mmq_planes": 0.55, "cublas": 0.90, "small_gemm": 0.70, "probe:read": 0.97,
-            "probe:sum": 0.90, "probe:copy": 0.96, "probe:sol": 0.72, "probe:sol_pdl": 0.98}
+            "probe:sum": 0.90, "probe:copy": 0.96, "probe:sol": 0.72, "probe:sol_pdl0": 0.69,
+            "probe:sol_pdl1": 0.82, "probe:sol_pdl2": 0.90, "probe:sol_pdl4": 0.95, "probe:sol_pdl_all": 0.97}
 FAKE_RATE = {"mmq": 0.75e15, "mmq_planes": 0.98e15, "cublas": 0.72e15, "native": 0.15e15}
 FAKE_BW = 4.34e12
 

@@ -16,6 +16,7 @@ class Gate:
     ok: bool
     reason: str = ""
     detail: dict = field(default_factory=dict)
+    output_print: tuple | None = None   # checkafter.fingerprint of the gated path's output on the gated inputs
 
     @property
     def status(self) -> str:
@@ -26,9 +27,12 @@ _DETAIL = ("rel_rms_quantized", "tol_quantized", "rel_rms_dense", "tol_dense", "
            "claim", "claim_held", "deterministic", "written")
 
 
-def gate(case: checks.Case, inp, device: str, *, reruns: int = 2, repro: bool = True) -> Gate:
+def gate(case: checks.Case, inp, device: str, *, reruns: int = 2, repro: bool = True,
+         record_output: bool = False) -> Gate:
     """The numerics checks of one case on `inp`, the very inputs that will be timed. Any
-    failure, or a crash of the kernel, blocks the timing."""
+    failure, or a crash of the kernel, blocks the timing. record_output: once passed, the
+    path runs once more on the same inputs (its reruns were just proven identical) and the
+    fingerprint of that output is kept, for the check after timing."""
     detail = {"case": case.id}
     if repro:
         detail["repro"] = case.repro()
@@ -37,7 +41,15 @@ def gate(case: checks.Case, inp, device: str, *, reruns: int = 2, repro: bool = 
     except Exception as e:  # a crash is a failed gate, with its cause
         return Gate(case.path, False, f"raised {type(e).__name__}: {e}", detail)
     detail.update({k: getattr(r, k) for k in _DETAIL})
-    return Gate(case.path, r.ok, "; ".join(r.failures), detail)
+    g = Gate(case.path, r.ok, "; ".join(r.failures), detail)
+    if r.ok and record_output:
+        from .. import registry
+        from .checkafter import fingerprint
+        try:
+            g.output_print = fingerprint(registry.get(case.path).kernel()(inp.x, inp.w))
+        except Exception as e:
+            return Gate(case.path, False, f"the eager run after the gate raised {type(e).__name__}: {e}", detail)
+    return g
 
 
 def bench_case(path: str, shape: Shape, m: int, cfg: Config) -> checks.Case:

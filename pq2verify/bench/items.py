@@ -10,7 +10,8 @@ from .contestants import (Call, Contestant, bf16_contestant, contestant_for, pat
                           row_slice, weight_copies)
 from .timing import fit_fixed_bw, measure, round_ratios, spread
 from .probe import bandwidth_probes
-from .sol import sol_contestants
+from .sol import SOL_LABELS, sol_contestants
+from . import checkafter, stats
 from .step import chain_stats, step_contestant, step_parts, step_weights
 
 
@@ -25,7 +26,26 @@ def _fill(side: dict, c: Contestant, t: list, reps: int, clocks: dict, bw: float
     gbps = c.nbytes / med / 1e3
     side.update(time={k: (v / unit if k != "n" else v) for k, v in sp.items()}, reps=reps,
                 calls=len(c.calls), gbps=gbps, pct_bw=gbps / bw if bw else None,
-                tops=c.flops / med / 1e6, clocks=clocks)
+                tops=c.flops / med / 1e6, clocks=clocks, rounds=[v / unit for v in t], bytes=c.nbytes)
+
+
+def _timing_notes(row: dict, info: dict) -> None:
+    """The rounds' statistics on the row: rounds timed and why they stopped, throttled rounds,
+    the control's drift bracket, and the checks after timing (a failed one: status 'suspect')."""
+    b = info.get("bracket") or {}
+    row["timing"] = {"rounds": info.get("rounds"), "stopped": info.get("stopped"),
+                     "throttled": len(info.get("throttled") or ()), "dropped": info.get("dropped", False),
+                     "drift": stats.drift(b.get("first") or (), b.get("last") or ()), "control": b.get("label")}
+    if info.get("after"):
+        row["after"] = info["after"]
+    bad = checkafter.failures(info.get("after"))
+    if bad:
+        row["check_failures"] = bad
+
+
+def _same(row: dict, what: str) -> dict:
+    """A row whose A and B resolved to the same path: not timed, no ratio."""
+    return {**row, "status": "same", "note": f"A == B ({what}), not timed"}
 
 
 def run_bandwidth(env, cfg: Config) -> dict:
@@ -55,26 +75,38 @@ def run_shape(env, cfg: Config, item: Item, bw: float | None) -> dict:
     shape, m = item.shape, item.m
     case0 = bench_case("cublas" if shape.dense else "native", shape, m, cfg)
     inp = env.inputs(case0)
-    sides = {}
+    sides, gates = {}, {}
     for s, kset in (("a", cfg.a), ("b", cfg.b)):
         path, g = env.side(kset, case0, inp)
-        sides[s] = _side(kset, path, g)
+        sides[s], gates[s] = _side(kset, path, g), g
+    same = sides["a"]["path"] == sides["b"]["path"]
     binp = None
-    if not shape.dense:
+    if not shape.dense and not same:
         binp = env.baseline(inp)
-        sides["bf16"] = _side("-", "cublas", env.baseline_gate(replace(case0, path="cublas", layout="dense"), binp))
+        gates["bf16"] = env.baseline_gate(replace(case0, path="cublas", layout="dense"), binp)
+        sides["bf16"] = _side("-", "cublas", gates["bf16"])
     row = {"kind": "shape", "key": item.key, "shape": shape.name, "n": shape.n, "k": shape.k, "m": m,
            "dense": shape.dense, "dtype": cfg.dtype, "layout": case0.layout, "sides": sides, "ratios": {},
            "control": sides["a"]["path"] == sides["b"]["path"], "case": case0.id}
     blocked = [s for s in sides if sides[s]["gate"] != "PASS"]
+    if same and not shape.dense:
+        if blocked:
+            return {**row, "status": "blocked", "note": f"A == B ({sides['a']['path']}), not timed"}
+        return _same(row, sides["a"]["path"])
     if not env.can_time:
         return {**row, "status": "blocked" if blocked else "skipped", "note": env.why_not}
     copies = weight_copies(inp, shape, cfg)      # shared by both sides
-    timed = [s for s in sides if s not in blocked]
-    contestants = [contestant_for(s, sides[s]["path"], shape, m, cfg, inp, binp if s == "bf16" else None, copies)
+    # a dense shape is the cuBLAS reference (the BF16 step sums it): A == B, timed once, no ratio
+    timed = [s for s in sides if s not in blocked and not (same and s == "b")]
+    if same:
+        row["note"] = f"A == B ({sides['a']['path']}): the reference row, B not timed"
+    contestants = [contestant_for(s, sides[s]["path"], shape, m, cfg, inp, binp if s == "bf16" else None, copies,
+                                  gates[s].output_print)
                    for s in timed]
     contestants += _fractions(sides, timed, shape, m, cfg, inp, binp)
-    times, reps, clocks, failed = measure(env, contestants, cfg)
+    info = {}
+    times, reps, clocks, failed = measure(env, contestants, cfg, compare=[("a", "b"), ("bf16", "b")], info=info)
+    _timing_notes(row, info)
     for c in contestants:
         if "/" in c.label:
             continue
@@ -86,7 +118,38 @@ def run_shape(env, cfg: Config, item: Item, bw: float | None) -> dict:
         _fit(sides[s], s, shape, contestants, times, failed)
     row["ratios"] = round_ratios(times, [("a", "b"), ("bf16", "b"), ("bf16", "a")])
     bad = [lab for lab in failed if "/" not in lab]      # a failed fit point is noted on its side
-    row["status"] = "error" if bad else "blocked" if blocked else "timed"
+    row["status"] = ("error" if bad else "blocked" if blocked else
+                     "suspect" if row.get("check_failures") else "timed")
+    return row
+
+
+def run_aa(env, cfg: Config, item: Item, bw: float | None) -> dict:
+    """The A/A row: the control's path against itself (two graphs of the same calls on the same
+    weight copies, in the same rounds): its ratio's interval is the run's measured noise floor."""
+    shape, m = item.shape, item.m
+    case0 = bench_case("cublas" if shape.dense else "native", shape, m, cfg)
+    inp = env.inputs(case0)
+    path, g = env.side(cfg.a, case0, inp)
+    row = {"kind": "aa", "key": item.key, "shape": shape.name, "n": shape.n, "k": shape.k, "m": m,
+           "dtype": cfg.dtype, "sides": {"a": _side(cfg.a, path, g), "a2": _side(cfg.a, path, g)},
+           "ratios": {}, "control": True, "case": case0.id,
+           "note": "A/A: the control against itself, the run's noise floor"}
+    if not g.ok:
+        return {**row, "status": "blocked"}
+    if not env.can_time:
+        return {**row, "status": "skipped", "note": env.why_not}
+    copies = weight_copies(inp, shape, cfg)
+    contestants = [contestant_for(s, path, shape, m, cfg, inp, None, copies, g.output_print) for s in ("a", "a2")]
+    info = {}
+    times, reps, clocks, failed = measure(env, contestants, cfg, compare=[("a", "a2")], info=info)
+    _timing_notes(row, info)
+    for c in contestants:
+        if c.label in failed:
+            row["sides"][c.label]["error"] = failed[c.label]
+        else:
+            _fill(row["sides"][c.label], c, times[c.label], reps[c.label], clocks[c.label], bw, 1.0)
+    row["ratios"] = round_ratios(times, [("a", "a2")])
+    row["status"] = "error" if failed else "suspect" if row.get("check_failures") else "timed"
     return row
 
 
@@ -159,6 +222,8 @@ def run_step(env, cfg: Config, item: Item, bw: float | None, rows: dict) -> dict
            "bf16_bytes": bf16_total, "floor_ms": floor_ms, "bw_gbps": bw, "sides": sides, "sol": {},
            "ratios": {}, "control": sides["a"]["paths"] == sides["b"]["paths"], "note": CHAIN_NOTE}
     blocked = [s for s in sides if sides[s]["gate"] != "PASS"]
+    if row["control"] and not blocked:
+        return _same(row, "every shape on the same path")
     if not env.can_time:
         return {**row, "status": "blocked" if blocked else "skipped", "note": env.why_not}
     method = _bf16_step_method(cfg, env, total, bf16_total)
@@ -173,11 +238,14 @@ def run_step(env, cfg: Config, item: Item, bw: float | None, rows: dict) -> dict
             sides[c.label]["values"] = chain_stats(c)
         env.release()
     reads = [Call("", shapes[nm].n, shapes[nm].k, 0, nb) for nb, (nm, _) in zip(nbytes, chain)]
-    contestants += sol_contestants(weights, reads)
-    times, reps, clocks, failed = measure(env, contestants, cfg)
+    sols = sol_contestants(weights, reads)
+    contestants += sols
+    info = {}
+    times, reps, clocks, failed = measure(env, contestants, cfg, compare=[("a", "b"), ("bf16", "b")], info=info)
+    _timing_notes(row, info)
     for c in contestants:
-        dest = row["sol"].setdefault(c.label, {"pdl": c.label == "sol_pdl"}) if c.label.startswith("sol") \
-            else sides[c.label]
+        dest = row["sol"].setdefault(c.label, {"pdl": c.label != "sol", "depth": c.depth}) \
+            if c.label in SOL_LABELS else sides[c.label]
         if c.label in failed:
             dest["error"] = failed[c.label]
             continue
@@ -185,11 +253,15 @@ def run_step(env, cfg: Config, item: Item, bw: float | None, rows: dict) -> dict
         if c.label != "bf16":
             dest["pct_floor"] = floor_ms / dest["time"]["median"] if floor_ms else None
     row["ratios"] = round_ratios(times, [("a", "b"), ("bf16", "b"), ("bf16", "a")]
-                                 + [(s, sol) for sol in ("sol", "sol_pdl") for s in ("a", "b")])
+                                 + [(s, c.label) for c in sols for s in ("a", "b")])
+    timed_sols = [lab for lab, v in row["sol"].items() if v.get("time")]
+    # the speed of light is the best of the sweep (plain, and PDL at each prefetch depth)
+    row["sol_best"] = min(timed_sols, key=lambda lab: row["sol"][lab]["time"]["median"]) if timed_sols else None
     if method == "sum" and "bf16" not in blocked:
         _summed_bf16(row, rows, m)
-    bad = [lab for lab in failed if not lab.startswith("sol")]   # a failed SOL read is noted, not fatal
-    row["status"] = "error" if bad else "blocked" if blocked else "timed"
+    bad = [lab for lab in failed if lab not in SOL_LABELS]   # a failed SOL read is noted, not fatal
+    row["status"] = ("error" if bad else "blocked" if blocked else
+                     "suspect" if row.get("check_failures") else "timed")
     return row
 
 
@@ -225,4 +297,6 @@ def execute(env, cfg: Config, item: Item, bw, rows: dict) -> dict:
         return run_bandwidth(env, cfg)
     if item.kind == "shape":
         return run_shape(env, cfg, item, bw)
+    if item.kind == "aa":
+        return run_aa(env, cfg, item, bw)
     return run_step(env, cfg, item, bw, rows)

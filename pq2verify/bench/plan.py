@@ -1,7 +1,7 @@
 """The run plan: configuration, presets, shapes, the (shape, M) items and their byte counts."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import checks, kernelsets
 from ..weights import BLOCK, BLOCK_BYTES
@@ -20,8 +20,11 @@ FIT_DIVS = (4, 2, 1)
 INTERP_MS = (1, 2, 17)
 # --quick fits a run in about 4 minutes of an H200 (gates, compiles and timing included): the
 # targets' M only, 7 rounds, and no new item started after 180 s.
-PRESETS = {"quick": dict(ms=(1, 16, 2048), step_ms=(1, 16), pairs=7, warmup=2, budget_s=180.0, reruns=1),
-           "full": dict(ms=None, step_ms=STEP_MS, pairs=9, warmup=3, budget_s=None, reruns=2)}
+# Rounds go on past `pairs`, two at a time, until every compared ratio's interval is at most
+# ci_width wide (relative to its median) or max_pairs rounds are timed.
+PRESETS = {"quick": dict(ms=(1, 16, 2048), step_ms=(1, 16), pairs=7, warmup=2, budget_s=180.0, reruns=1,
+                         max_pairs=11),
+           "full": dict(ms=None, step_ms=STEP_MS, pairs=9, warmup=3, budget_s=None, reruns=2, max_pairs=25)}
 M_PRIORITY = (1, 2048, 16, 4, 8, 2)   # the targets' M first, so a budget cut keeps them
 MIN_PAIRS = 7
 # H200 targets of the issue (fractions of the floor, step times, speedups)
@@ -55,6 +58,8 @@ class Config:
     reruns: int = 2                # gate determinism reruns
     budget_s: float | None = None  # start no new item after this many seconds
     bf16_step: str = "auto"        # auto | graph | sum
+    ci_width: float | None = 0.02  # rounds extend until intervals are this narrow (None: never extend)
+    max_pairs: int | None = 25     # ... or this many rounds are timed
 
     def check(self) -> None:
         for opt, name in (("--a ", self.a), ("--b ", self.b)):
@@ -67,6 +72,12 @@ class Config:
             raise ValueError(f"--pairs {self.pairs}: at least {MIN_PAIRS} alternating rounds (SPEC §8)")
         if self.bf16_step not in ("auto", "graph", "sum"):
             raise ValueError(f"--bf16-step {self.bf16_step!r}: expected auto, graph or sum")
+        for opt, v in (("--budget-s", self.budget_s), ("--rotate-gb", self.rotate_gb), ("--bw-gb", self.bw_gb),
+                       ("--min-sample-ms", self.min_sample_ms), ("--ci-width", self.ci_width)):
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{opt} {v!r}: expected a positive number")
+        if self.max_pairs is not None and self.max_pairs < self.pairs:
+            raise ValueError(f"--max-pairs {self.max_pairs}: at least --pairs ({self.pairs})")
 
     def signature(self, env_kind: str, device_name: str = "") -> dict:
         """What a resumed run must share with the file it continues."""
@@ -85,14 +96,17 @@ class Shape:
 
 @dataclass(frozen=True)
 class Item:
-    kind: str                      # bandwidth | shape | step
+    kind: str                      # bandwidth | aa | shape | step
     m: int = 0
     shape: Shape | None = None
+    tag: str = ""                  # aa: '' (the first A/A row) or 'last' (the run's closing bracket)
 
     @property
     def key(self) -> str:
         if self.kind == "shape":
             return f"shape:{self.shape.name}:m{self.m}"
+        if self.kind == "aa":
+            return "aa" + (f":{self.tag}" if self.tag else "")
         return f"step:m{self.m}" if self.kind == "step" else self.kind
 
 
@@ -173,15 +187,25 @@ def order_ms(ms) -> list:
     return sorted(set(ms), key=lambda m: (M_PRIORITY.index(m) if m in M_PRIORITY else len(M_PRIORITY), m))
 
 
+def aa_shape(shapes: list) -> Shape:
+    """The A/A row's shape: the first PQ2 shape of the run (a dense one only if there is none)."""
+    return next((s for s in shapes if not s.dense), shapes[0])
+
+
 def make_plan(cfg: Config, shapes: list, with_step: bool) -> list:
+    """Bandwidth, the A/A row (the control against itself: the run's noise floor) at the first
+    M, then the targets' M first; the A/A row again at the end closes the run's drift bracket."""
     items = [Item("bandwidth")]
     step_ms = set(cfg.step_ms) if with_step else set()
-    for m in order_ms(set(cfg.ms) | step_ms):
+    ms = order_ms(set(cfg.ms) | step_ms)
+    aa = [Item("aa", ms[0], aa_shape(shapes))] if ms else []
+    items += aa
+    for m in ms:
         if m in cfg.ms:
             items += [Item("shape", m, s) for s in shapes]
         if m in step_ms:
             items.append(Item("step", m))
-    return items
+    return items + [replace(i, tag="last") for i in aa]
 
 
 def pq2_nbytes(n: int, k: int) -> int:

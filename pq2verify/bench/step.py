@@ -21,6 +21,7 @@ import torch
 
 from .. import registry
 from ..weights import PQ2Weight, unpack_codes
+from .checkafter import Probe, Thunks
 from .contestants import Call, Contestant, row_slice, scaled_clone
 from .gate import bench_case
 from .plan import Config, check_chain, pq2_nbytes, step_chain, step_shapes
@@ -122,13 +123,20 @@ def step_contestant(label: str, paths, parts: dict, m: int, weights, dense_w: bo
         ws = weights()
         outs = {nm: torch.empty(m, parts[nm][0].n, dtype=x0.dtype, device=x0.device) for nm in parts}
         runs = {nm: registry.get(paths[nm]).kernel() for nm in parts} if not dense_w else {}
-        thunks = []
+        thunks = Thunks()
         for (nm, src), w in zip(chain, ws):
             x = x0 if src < 0 else _head(outs[chain[src][0]], m, parts[nm][0].k)
             if dense_w:
                 thunks.append(functools.partial(torch.mm, x, w.t(), out=outs[nm]))
             else:
                 thunks.append(functools.partial(runs[nm], x, w, out=outs[nm]))
+        last = outs[chain[-1][0]]
+
+        def expect():        # the same calls eagerly, in order (the step has no gate of its own)
+            for f in thunks:
+                f()
+            return last.clone()
+        thunks.probe = Probe(last, expect, x0, [x0] + [w.data if isinstance(w, PQ2Weight) else w for w in ws])
         return thunks
     return Contestant(label, calls, build, 1)
 

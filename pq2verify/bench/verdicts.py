@@ -1,6 +1,7 @@
 """Targets and the tuned-vs-legacy verdicts."""
 
 from .. import registry
+from . import stats
 from .plan import (Config, PREFILL_M, TARGET_PREFILL_VS_BF16, TARGET_STEP_M, TARGET_STEP_M1_FLOOR,
                    TARGET_STEP_M1_MS, TARGET_STEP_M16_MS, TARGET_STEP_M1_VS_BF16, TARGET_STEP_SMALL_FLOOR)
 
@@ -21,7 +22,10 @@ def ratio(row: dict, y: str, x: str) -> dict | None:
     inv = r.get(f"{x}_over_{y}")
     if inv is None:
         return None
-    return {"median": 1 / inv["median"], "min": 1 / inv["max"], "max": 1 / inv["min"], "n": inv["n"]}
+    out = {"median": 1 / inv["median"], "min": 1 / inv["max"], "max": 1 / inv["min"], "n": inv["n"]}
+    if "lo" in inv:
+        out.update(lo=1 / inv["hi"], hi=1 / inv["lo"], level=inv.get("level"))
+    return out
 
 
 def slower_than_legacy(rows: list, cfg: Config) -> list:
@@ -38,10 +42,21 @@ def slower_than_legacy(rows: list, cfg: Config) -> list:
             if p is None or p.kset != "tuned" or p.counterpart != po or sp is None:
                 continue
             verdict = ("faster" if sp["median"] >= 1 else "slower than legacy: remove from tuned selection")
-            noise = sp["min"] < 1 < sp["max"]
+            lo, hi = (sp["lo"], sp["hi"]) if "lo" in sp else (sp["min"], sp["max"])
+            noise = lo < 1 < hi
             out.append({"shape": r["shape"], "m": r["m"], "tuned": ps, "legacy": po, "speedup": sp,
                         "slower": sp["median"] < 1, "within_noise": noise, "verdict": verdict})
     return out
+
+
+def sol_best(row: dict) -> dict | None:
+    """{label, ms, pct_floor} of the step row's best speed-of-light read (plain or PDL at any
+    prefetch depth), or None."""
+    lab = (row or {}).get("sol_best")
+    v = ((row or {}).get("sol") or {}).get(lab) or {}
+    if not v.get("time"):
+        return None
+    return {"label": lab, "ms": v["time"]["median"], "pct_floor": v.get("pct_floor")}
 
 
 def _target(name, want, got, met, gap) -> dict:
@@ -73,9 +88,18 @@ def _step_targets(rows: dict, t: str, cfg: Config) -> list:
             ok = pct >= want_floor and (max_ms is None or ms <= max_ms)
             short = [f"{pct:.1%} < {want_floor:.0%} of floor"] if pct < want_floor else []
             short += [f"{ms:.3f} ms > {max_ms:g} ms"] if max_ms and ms > max_ms else []
-            out.append(_target(name, want, f"{ms:.3f} ms = {pct:.1%} of floor {floor:.3f} ms", ok,
-                               f"met with {need - ms:.3f} ms to spare" if ok
-                               else f"{ms - need:.3f} ms too slow (needs <= {need:.3f} ms): " + ", ".join(short)))
+            tg = _target(name, want, f"{ms:.3f} ms = {pct:.1%} of floor {floor:.3f} ms", ok,
+                         f"met with {need - ms:.3f} ms to spare" if ok
+                         else f"{ms - need:.3f} ms too slow (needs <= {need:.3f} ms): " + ", ".join(short))
+            tg["needed_ms"] = need
+            sol = sol_best(r)
+            if sol:
+                # the needed time against the best speed of light of this call structure
+                tg["sol"] = {**sol, "needed_of_sol": sol["ms"] / need}
+                tg["gap"] += (f"; SOL (best of the sweep: {sol['label']}) {sol['ms']:.3f} ms, the target needs "
+                              f"{sol['ms'] / need:.0%} of its speed"
+                              + (": below the speed of light of this call structure" if need < sol["ms"] else ""))
+            out.append(tg)
         if m == 1:
             name = (f"decode step M=1: {cfg.b if t == 'b' else cfg.a} over {TARGET_STEP_M1_VS_BF16:g}x faster "
                     "than the BF16 step")
@@ -131,4 +155,74 @@ def assess(res: dict, cfg: Config) -> dict:
                                                   f"({p['speedup']['median']:.2f}x)" for p in slow)))
     blocked = [r["key"] for r in res["rows"] if r.get("status") == "blocked"]
     errors = [r["key"] for r in res["rows"] if r.get("status") == "error"]
-    return {"targets": targets, "tuned_vs_legacy": pairs, "blocked": blocked, "errors": errors}
+    return {"targets": targets, "tuned_vs_legacy": pairs, "blocked": blocked, "errors": errors, **judge(res)}
+
+
+def noise_floor(res: dict) -> dict | None:
+    """The run's noise floor: the interval of the A/A row's ratio (the control against itself)."""
+    aa = next((r for r in res["rows"] if r.get("key") == "aa"), None)
+    return ((aa or {}).get("ratios") or {}).get("a2_over_a")
+
+
+def _faster_than_bandwidth(side: dict, bw: float | None) -> dict | None:
+    """Per round, the time to stream the side's weight bytes at the run's read bandwidth over
+    the side's time (> 1: faster than streaming its bytes), with its interval."""
+    rounds, nb = side.get("rounds"), side.get("bytes")
+    if not rounds or not nb or not bw:
+        return None
+    t_stream = nb / (bw * 1e3)             # µs
+    return stats.ratio_interval([t_stream] * len(rounds), rounds)
+
+
+def judge(res: dict) -> dict:
+    """What the statistics say of every row: a verdict for B over A from its interval against
+    the run's noise floor (faster, slower, within noise); a side faster than the speed of light
+    (a step: the best SOL read; a shape: streaming its bytes at the measured bandwidth) by
+    more than that noise is 'suspicious' (skipped work or a cached result); rows whose checks
+    after timing failed; rows with throttled rounds or control drift; and the run's own drift
+    (its A/A row first and last)."""
+    aa = noise_floor(res)
+    _, hi = stats.noise_band(aa)
+    bw = res.get("stream_read_gbps")
+    suspicious, suspect, drifted, throttled = [], [], [], []
+    for r in res["rows"]:
+        if r.get("kind") not in ("shape", "step", "aa"):
+            continue
+        rat = r.get("ratios") or {}
+        if r.get("kind") != "aa" and rat.get("b_over_a"):
+            r["verdict"] = stats.verdict(rat["b_over_a"], aa)
+        elif r.get("status") == "same":
+            r["verdict"] = "A == B, not timed"
+        for s, side in (r.get("sides") or {}).items():
+            if r["kind"] == "step":
+                best = r.get("sol_best")
+                ci = rat.get(f"{s}_over_{best}") if best and s in ("a", "b") else None
+                what = f"faster than the speed of light ({best})"
+            else:
+                ci = _faster_than_bandwidth(side, bw)
+                what = "faster than streaming its weight bytes at the measured bandwidth"
+            if ci and ci.get("lo", 0) > hi:
+                side["suspicious"] = f"{ci['median']:.2f}x [{ci['lo']:.2f}-{ci['hi']:.2f}] {what}"
+                suspicious.append(f"{r['key']} {s} {side.get('path') or '+'.join(sorted(set((side.get('paths') or {}).values())))}: "
+                                  + side["suspicious"] + " by more than the noise: skipped work or a cached result?")
+        if r.get("check_failures"):
+            suspect += [f"{r['key']} {f}" for f in r["check_failures"]]
+        t = r.get("timing") or {}
+        d = t.get("drift")
+        if d and d.get("flagged"):
+            drifted.append(f"{r['key']}: control {t.get('control')} {d['first']:.4g} -> {d['last']:.4g} "
+                           f"({d['ratio'] - 1:+.1%}, beyond {d['tol']:.0%})")
+        if t.get("throttled"):
+            throttled.append(f"{r['key']}: {t['throttled']} of {t.get('rounds')} rounds read a throttle reason "
+                             + ("(dropped)" if t.get("dropped") else "(kept: too few clean rounds left)"))
+    first = next((r for r in res["rows"] if r.get("key") == "aa"), None)
+    last = next((r for r in res["rows"] if r.get("key") == "aa:last"), None)
+    run_drift = None
+    ta, tb = ((((x or {}).get("sides") or {}).get("a") or {}).get("rounds") for x in (first, last))
+    if ta and tb:
+        run_drift = stats.drift(ta, tb)
+        if run_drift["flagged"]:
+            drifted.append(f"run: the A/A control {run_drift['first']:.4g} µs at the start, {run_drift['last']:.4g} "
+                           f"µs at the end ({run_drift['ratio'] - 1:+.1%}, beyond {run_drift['tol']:.0%})")
+    return {"noise": aa, "suspicious": suspicious, "suspect": suspect, "drift": drifted, "throttled": throttled,
+            "run_drift": run_drift}

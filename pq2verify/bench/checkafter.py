@@ -1,0 +1,116 @@
+"""Checks after timing: a timed graph must still compute what the gate passed.
+
+After the last round, for every timer that carries a Probe (the kernel calls of a shape side or
+the chained step; the speed-of-light reads and the bandwidth probes carry none):
+- 'output': one replay, the whole device synchronized, its output bit-equal to the gate's
+  function run eagerly on the gated inputs (the gate's reruns proved that function
+  deterministic) and, where the gate recorded one, to the gate's own output's fingerprint;
+- 'inputs': x and every weight copy the graph reads have the fingerprints they had before
+  the first round;
+- 'fresh input': x rewritten in place with other values, one replay, the output equal to the
+  gate's function on the new x (a graph that replays a cached result, or computes part of
+  it, fails here); x is then restored and replayed again;
+- 'wall clock': the host clock around replays with the whole device synchronized, against
+  the CUDA events' time (work deferred to a stream the events do not wait on shows here).
+"""
+from dataclasses import dataclass, field
+
+import torch
+
+WALL_MIN = 0.5       # events' time below this fraction of the synchronized host clock: work escaped
+
+
+class Thunks(list):
+    """The thunks of one timed graph, with the probe that checks it after timing."""
+    probe = None
+
+
+@dataclass
+class Probe:
+    out: torch.Tensor                      # the buffer the graph's result lands in
+    expect: object                         # () -> the gate's function on the current inputs, eagerly
+    x: torch.Tensor | None = None          # the input the fresh-input replay rewrites (None: skipped)
+    reads: list = field(default_factory=list)   # tensors the graph must leave unchanged
+    gate_print: tuple | None = None        # fingerprint of the gate's own output, when recorded
+    tol: float = 0.0                       # 0: bit-equal; else relative RMS (cuBLAS may pick its kernel per call)
+
+
+def fingerprint(t: torch.Tensor, chunk: int = 1 << 24) -> tuple:
+    """(numel, sum, position-weighted sum) of the bytes' int32 words (bytes when they do not
+    divide into words), in int64 over chunks: a changed byte changes it, a moved one too."""
+    b = t.detach().reshape(-1).contiguous().view(torch.uint8)
+    w = b.view(torch.int32) if b.numel() % 4 == 0 else b
+    s = ws = 0
+    for i in range(0, w.numel(), chunk):
+        c = w[i:i + chunk].to(torch.int64)
+        pos = torch.arange(i, i + c.numel(), device=c.device, dtype=torch.int64) % 65521 + 1
+        s += int(c.sum())
+        ws += int((c * pos).sum())
+    return (w.numel(), s, ws)
+
+
+def prints(probe: Probe | None) -> list:
+    return [] if probe is None else [fingerprint(t) for t in probe.reads]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, tol: float = 0.0) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if tol:
+        d, r = (a.double() - b.double()).pow(2).mean().sqrt(), b.double().pow(2).mean().sqrt()
+        return bool(torch.isfinite(a).all()) and float(d) <= tol * float(r)
+    return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+
+
+def _fresh(x: torch.Tensor) -> torch.Tensor:
+    """Other values of x's dtype and scale: x reversed and negated (never equal to x unless x
+    is antisymmetric under the flip, which a seeded random input is not)."""
+    return (-x.reshape(-1).flip(0)).reshape(x.shape)
+
+
+def run(timer, before: list, times: list | None, reps: int) -> dict:
+    """{check: {'ok': bool, 'why': str}} for a timer with a probe (see the module)."""
+    probe = timer.probe
+    out = {}
+    try:
+        timer.replay_sync()
+        got = probe.out.clone()
+        want = probe.expect()
+        ok = _same(got, want, probe.tol)
+        why = "" if ok else "the timed graph's output differs from the gate's function on the gated inputs"
+        if ok and not probe.tol and probe.gate_print is not None and fingerprint(got) != probe.gate_print:
+            ok, why = False, "the timed graph's output differs from the gate's own output"
+        out["output"] = {"ok": ok, "why": why}
+        after = prints(probe)
+        moved = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+        out["inputs"] = {"ok": not moved, "why": f"{len(moved)} of {len(before)} inputs or weight copies "
+                                                 "changed during timing" if moved else ""}
+        if probe.x is not None:
+            keep = probe.x.clone()
+            probe.x.copy_(_fresh(keep))
+            try:
+                timer.replay_sync()
+                got = probe.out.clone()
+                want = probe.expect()
+            finally:
+                probe.x.copy_(keep)
+                timer.replay_sync()
+            ok = _same(got, want, probe.tol)
+            out["fresh input"] = {"ok": ok, "why": "" if ok else "with x rewritten between replays the output "
+                                  "is not the gate's function of the new x (cached or partial work)"}
+        if times:
+            ev = sorted(times)[len(times) // 2]
+            wall = timer.wall(reps)
+            ok = ev >= WALL_MIN * wall
+            out["wall clock"] = {"ok": ok, "events_us": ev, "wall_us": wall,
+                                 "why": "" if ok else f"CUDA events {ev:.3g} µs < {WALL_MIN:g} x the synchronized "
+                                                      f"host clock {wall:.3g} µs: work ran outside the timed stream"}
+    except Exception as e:      # a check that cannot run is a failed check, with its cause
+        out["error"] = {"ok": False, "why": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def failures(after: dict | None) -> list:
+    """'label check: why' for every failed check of measure's info['after']."""
+    return [f"{lab} {name}: {v['why']}" for lab, checks in (after or {}).items()
+            for name, v in checks.items() if not v.get("ok")]
