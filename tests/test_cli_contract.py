@@ -169,6 +169,9 @@ ENV_BAD = [
     ("PQ2_PATH_SINGLE", "maybe", "PQ2_PATH_SINGLE='maybe': expected on or off"),
     ("PQ2_PATH_single", "off", "PQ2_PATH_single: switch names are upper case; use PQ2_PATH_SINGLE"),
     ("pq2_kernels", "legacy", "pq2_kernels: the variable is PQ2_KERNELS"),
+    ("PQ2_KERNEL", "legacy", "PQ2_KERNEL: not a variable pq2verify reads; did you mean PQ2_KERNELS?"),
+    ("PQ2_PATHS_SINGLE", "off", "PQ2_PATHS_SINGLE: not a variable pq2verify reads; did you mean PQ2_PATH_SINGLE?"),
+    ("PQ2_PATH_INT_GEMV", "", "PQ2_PATH_INT_GEMV='': expected on or off (an empty value is not 'unset'"),
 ]
 COMMANDS = [["check", "--case", TINY], ["golden", "verify"], ["gsm8k", "--limit", "1"], ["bench", "--dry-run"]]
 
@@ -184,7 +187,6 @@ def test_bad_environment_is_refused_by_every_command(var, value, names, argv, mo
 def test_valid_environment_is_accepted(monkeypatch):
     monkeypatch.setenv("PQ2_KERNELS", "legacy")
     monkeypatch.setenv("PQ2_PATH_SINGLE", " On ")
-    monkeypatch.setenv("PQ2_PATH_INT_GEMV", "")
     dispatch.validate_env()
     assert dispatch.switches() == {"single": True}
 
@@ -254,6 +256,7 @@ def test_gsm8k_out_is_checked_before_any_generation(tmp_path, capsys, no_work):
     (["--dtype", "bf16"], "it does not take --dtype bf16"),
     (["--kernels", "tuned"], "it does not take --kernels tuned"),
     (["--case", TINY], "it does not take --case"),
+    (["--markdown", "d.md"], "it does not take --markdown"),
     (["--paths", "int_gemv"], "--paths: 'int_gemv' is not a tuned path with a legacy counterpart"),
     (["--paths", "nosuch"], "--paths: 'nosuch' is not a known path"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "msg")
