@@ -17,7 +17,7 @@ import inspect
 import json
 from pathlib import Path
 
-from . import adversarial, cases, checks, dispatch, kernelsets, provenance, registry, tiles
+from . import adversarial, cases, checks, dispatch, kernelsets, outputs, provenance, registry, tiles
 from .bits import same_bits
 
 # What the same Q8 scales, fold term and output rounding rest on: each name must be called in
@@ -222,25 +222,8 @@ def derive_exact(shapes: str, device, console, *, paths=None, record: bool = Fal
         r = result[p.name] = derive_path(p, q, shapes, device, key, console)
         console.print(f"{p.name} vs {q.name}: {r['identical']}/{r['cases']} cases bit-identical; {r['basis']}")
     data = {"provenance": prov, "shapes": shapes, "format": kernelsets.FORMAT, "paths": result}
-    if json_out:
-        Path(json_out).write_text(json.dumps(data, indent=1) + "\n")
-        console.print(f"wrote {json_out}")
-    out = kernelsets.verified_file(key)
-    if record:
-        if paths is not None:
-            data = _merge(out, data, names)
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps(data, indent=1) + "\n")
-        dispatch.clear_cache()
-        held = sorted(kernelsets.verified_exact(key))
-        used = [n for n in held if not registry.get(n).deselected]
-        parked = [n for n in held if registry.get(n).deselected]
-        console.print(f"wrote {out}; exact set on {key}: tuned paths {used or 'none'} + legacy"
-                      + (f" ({', '.join(parked)} proven too, but deselected from the tuned set, so not used)"
-                         if parked else ""))
-    else:
-        console.print(f"not recorded: the exact set on {key} still reads {out} (--record writes it)")
     # A path that claims bit identity and is not proven is a failure, not just 'not in exact'.
+    # The verdict is printed before any file is written (a failed write never loses it).
     broken = [n for n, r in result.items() if r["claimed"] and r["rule"] != "proven"]
     for n in broken:
         r = result[n]
@@ -250,4 +233,22 @@ def derive_exact(shapes: str, device, console, *, paths=None, record: bool = Fal
         else:
             console.print(f"[red]FAIL[/] {n} claims bit-identity to {r['counterpart']} but it is not proven: "
                           f"{r['basis']}")
+    if json_out:
+        outputs.write_text(json_out, json.dumps(data, indent=1) + "\n", "--json")
+        console.print(f"wrote {json_out}")
+    out = kernelsets.verified_file(key)
+    if record:
+        if paths is not None:
+            data = _merge(out, data, names)
+        out.parent.mkdir(exist_ok=True)
+        outputs.write_text(out, json.dumps(data, indent=1) + "\n", "--record")
+        dispatch.clear_cache()
+        held = sorted(kernelsets.verified_exact(key))
+        used = [n for n in held if not registry.get(n).deselected]
+        parked = [n for n in held if registry.get(n).deselected]
+        console.print(f"wrote {out}; exact set on {key}: tuned paths {used or 'none'} + legacy"
+                      + (f" ({', '.join(parked)} proven too, but deselected from the tuned set, so not used)"
+                         if parked else ""))
+    else:
+        console.print(f"not recorded: the exact set on {key} still reads {out} (--record writes it)")
     return 1 if broken else 0

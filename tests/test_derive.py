@@ -126,32 +126,23 @@ def _sequential(k: int, m: int, dtype: str) -> torch.Tensor:
     return torch.from_numpy(y).to(DT[dtype])
 
 
-def test_cancelling_groups_construction_is_what_it_says(device):
-    """int_gemv on the construction gives exactly the sequential fold of the designed terms, and
-    the families do what they are for: the cancel rows give 0 or the tiny term by order alone,
-    the tie rows land on a bf16/fp16 tie (rounded to even) or past it."""
-    k, m = 640, 2
-    for dt in DT:
-        w, x = adversarial.weight(k, device), adversarial.activations(m, k, DT[dt], device)
-        want = _sequential(k, m, dt)
-        got = registry.get("int_gemv").kernel()(x, w).cpu()
-        assert torch.equal(bits(got), bits(want)), \
-            f"reproduce: python -m pq2verify.adversarial --paths int_gemv,mmq --k {k} --m {m} --dtype {dt}"
-        vals = {float(v) for v in want[0]}
-        assert {0.0, 2.0 ** -14} <= vals                     # cancel: 0 in some orders, T in others
-        # the dtype's tie row: rounded to even in one order, past the tie (rounded up) in another
-        tie = {"bf16": {2.0 ** 14, 2.0 ** 14 + 128}, "fp16": {4096.0, 4100.0}}[dt]
-        assert tie <= vals, (dt, sorted(vals))
-
-
 def test_cancelling_groups_tell_int_gemv_from_the_tuned_paths_and_exact_is_legacy(device):
     """M = 1 and 2, K = 384 and 640, bf16 and fp16, every order of the cancelling groups: some
     tuned path differs from int_gemv, yet kernels='exact' gives legacy's bytes on every one (the
-    old record routed M = 1 to single and M = 2 to small_mma, whose folds differ)."""
+    old record routed M = 1 to single and M = 2 to small_mma, whose folds differ). The
+    construction is checked first: int_gemv gives exactly the sequential fold of the designed
+    terms, where the cancel rows give 0 or the tiny term by order alone and the tie rows land on
+    a bf16/fp16 tie (rounded to even) or past it."""
     differ = []
     for k, m, dt in CANCEL:
         w, x = adversarial.weight(k, device), adversarial.activations(m, k, DT[dt], device)
-        ref = bits(registry.get("int_gemv").kernel()(x, w))
+        y = registry.get("int_gemv").kernel()(x, w)
+        ref, want = bits(y), _sequential(k, m, dt)
+        assert torch.equal(ref.cpu(), bits(want)), \
+            f"reproduce: python -m pq2verify.adversarial --paths int_gemv,mmq --k {k} --m {m} --dtype {dt}"
+        vals = {float(v) for v in want[0]}
+        tie = {"bf16": {2.0 ** 14, 2.0 ** 14 + 128}, "fp16": {4096.0, 4100.0}}[dt]
+        assert {0.0, 2.0 ** -14} | tie <= vals, (k, m, dt, sorted(vals))
         for name in ("single", "gemv", "small_mma"):
             if registry.get(name).serves(m) and not torch.equal(bits(registry.get(name).kernel()(x, w)), ref):
                 differ.append((name, k, m, dt))
@@ -286,3 +277,29 @@ def test_committed_sm90_record_claims_nothing_unproven():
         assert r.get("format") == kernelsets.FORMAT and r["rule"] in ("proven", "refuted", "unproven"), name
         assert r["basis"].startswith(r["rule"]) and r["held"] == (r["rule"] == "proven"), name
     assert not {"single", "small_mma", "gemv", "small_gemm"} & kernelsets.verified_exact("sm90")
+
+
+def test_emulate_reads_the_interpreter_record_with_the_gpu_folds(few_cases, monkeypatch):
+    """The emulation computes each path's fold with the GPU's configs (emulation.kernel_plan), so
+    on 'emulate' the interpreter record's proven entry serves a call only where the GPU-config
+    folds match; on the cancelling groups its exact set gives legacy's bytes."""
+    from pq2verify import backend
+    (few_cases / "exact-interpreter.json").write_text(json.dumps({"paths": {"single": _entry("single")}}))
+    _fold_as(monkeypatch, "single", lambda n, k, m, interpret=None, config=None:
+             dict(groups_per_split=k // 128, lanes=1 if interpret else 2, splits=1))
+    shape = (8, 384, 1)
+    assert [p.name for p in kernelsets.members("exact", "interpreter", weight="pq2", shape=shape)][0] == "single"
+    assert [p.name for p in kernelsets.members("exact", "emulate", weight="pq2", shape=shape)][0] == "int_gemv"
+    monkeypatch.undo()
+    kernelsets.clear_cache()
+    monkeypatch.setattr(kernelsets, "VERIFIED_DIR", kernelsets._ROOT / "pq2verify" / "verified")
+    with backend.using_cpu_backend("emulate"):
+        for k, m, dt in CANCEL + [(640, 17, "bf16")]:
+            w, x = adversarial.weight(k), adversarial.activations(m, k, DT[dt])
+            dispatch.clear_cache()
+            with dispatch.trace() as t:
+                exact = bits(pq2_matmul(x, w, kernels="exact"))
+            assert torch.equal(exact, bits(pq2_matmul(x, w, kernels="legacy"))), \
+                f"emulate: exact differs from legacy: {adversarial.command('single', 'int_gemv', k, m, dt)}"
+            assert set(t) <= {"int_gemv", "mmq", "mmq_wgmma"}, dict(t)
+    dispatch.clear_cache()
