@@ -125,8 +125,11 @@ def jsonl_path(args) -> Path:
 def _check_outputs(args) -> None:
     """Every output on its own file, none on an input, each writable: before any work."""
     from . import outputs
-    outs = [("--json", args.json), ("--report", args.report), ("--html", args.html),
-            ("--jsonl", args.jsonl if args.jsonl is not None else jsonl_path(args))]
+    outs = [("--json", args.json), ("--report", args.report), ("--html", args.html)]
+    if args.jsonl is not None:
+        outs.append(("--jsonl", args.jsonl))
+    elif args.json is None or args.json.strip():
+        outs.append(("--jsonl", jsonl_path(args)))
     if args.report is not None and args.report.strip():
         outs.append(("--report's plot", str(Path(args.report).with_suffix(".png"))))
     outputs.check(outs, inputs=[("--baseline", args.baseline)])
@@ -201,20 +204,22 @@ def run(args) -> int:
     items = [("--json", args.json, lambda: json.dumps(res, indent=1, default=str))]
     if args.report is not None or args.html is not None:
         items += _report_items(res, args)
-    done = []
-    failed = list(res.get("write_errors") or [])
-    png = [it for it in items if isinstance(it[2], bytes)]
-    try:
-        done = outputs.write_all([it for it in items if not isinstance(it[2], bytes)])
-    except outputs.WriteError as e:
-        failed.append(str(e))
-    for opt, path, data in png:
+    done, failed = [], list(res.get("write_errors") or [])
+    for opt, path, data in items:      # each one it can; every failure named at the end
+        if path is None:
+            continue
         try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_bytes(data)
+            if isinstance(data, bytes):
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                    Path(path).write_bytes(data)
+                except OSError as e:
+                    raise outputs.WriteError(f"{opt} {path}: could not write: {e.strerror or e}") from None
+            else:
+                outputs.write_text(path, data() if callable(data) else data, opt)
             done.append(path)
-        except OSError as e:
-            failed.append(f"{opt} {path}: could not write: {e.strerror or e}")
+        except outputs.WriteError as e:
+            failed.append(str(e))
     for p in done:
         console.print(f"wrote {p}")
     if failed:
