@@ -336,7 +336,8 @@ def problems(runs: list[tuple[str, dict]]) -> list[str]:
         if len(fns) > 1:
             what = f"shard {i}/{of}" if of > 1 else "the same unsharded run"
             out.append(f"{what} given {len(fns)} times: {', '.join(fns)}")
-    missing = [f"{i}/{of}" for i in range(1, of + 1) if i not in by_shard]
+    # shard I of N is empty by construction when I > the selection's size: never run, never missing
+    missing = [f"{i}/{of}" for i in range(1, min(of, known[0][1]["total"]) + 1) if i not in by_shard]
     if missing:
         have = ", ".join(f"{i}/{of} ({fns[0]})" for i, fns in sorted(by_shard.items()))
         out.append(f"missing shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} (given: {have})")
@@ -450,11 +451,13 @@ def need_bytes(c) -> tuple[int, int]:
     """A floor on what one case must hold at once: (device bytes, host bytes). Device: x, out,
     the weight and the group dots (when checked); host: x in FP64 and the FP64 reference rows."""
     from . import checks, registry
-    es = 2
-    dense = registry.get(c.path).weight == "dense"
-    dots = c.m * c.n * -(-c.k // 128) * 4
-    dev = (c.m * c.k * es * (2 if c.strided else 1) + c.m * c.n * es + c.n * c.k * (es if dense else 1) // (1 if dense else 4)
-           + (dots if not dense and dots <= checks.DOTS_MAX_BYTES else 0))
+    es = 2                                    # bf16 and fp16
+    p = registry.get(c.path)
+    dense = p.weight == "dense"
+    x = c.m * c.k * es * (2 if c.strided else 1)
+    weight = c.n * c.k * es if dense else c.n * c.k // 4     # PQ2: 2 bits a weight
+    dots = c.m * c.n * -(-c.k // 128) * 4 if p.has_dots else 0    # int32 per 128-group
+    dev = x + c.m * c.n * es + weight + (dots if dots <= checks.DOTS_MAX_BYTES else 0)
     host = c.m * c.k * 8 + c.m * min(c.n, checks.REF_ROWS) * 8
     return dev, host
 
