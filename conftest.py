@@ -31,7 +31,11 @@ def _share_cores(config) -> None:
 def pytest_configure(config):
     from pq2verify import backend
     _share_cores(config)
-    config._pq2_device = backend.select(config.getoption("--device"))
+    try:
+        config._pq2_device = backend.select(config.getoption("--device"))
+    except RuntimeError as e:     # --device cuda without a GPU: a usage error, not an INTERNALERROR
+        raise pytest.UsageError(f"--device {config.getoption('--device')}: {e}; run without --device "
+                                "(or --device cpu) to use Triton's interpreter") from None
     worker = os.environ.get("PYTEST_XDIST_WORKER")      # pytest -n N (pytest-xdist): gw0, gw1, ...
     if config._pq2_device == "cuda" and worker:
         # one GPU per worker, round robin; every test allocates on the current device

@@ -13,6 +13,10 @@ from .weights import PQ2Weight
 
 ENV_SET = "PQ2_KERNELS"
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+# Every other PQ2_* variable the project reads (the emulation's GEMM, the tests' device and bench
+# Ms, the ./pq2 script's venv); with PQ2_KERNELS and the PQ2_PATH_<NAME> switches of the
+# registry's paths these are all there are: any other PQ2_* name is a typo and refused.
+OTHER_VARS = ("PQ2_EMULATE_GEMM", "PQ2_DEVICE", "PQ2_BENCH_M", "PQ2_VENV")
 
 TRACE: Counter = Counter()       # every call since import, per path name
 _traces: list[Counter] = []      # open trace() contexts
@@ -44,7 +48,8 @@ def kernel_set(kernels: str | None = None) -> str:
 
 
 def switches() -> dict[str, bool]:
-    """Per-path environment switches PQ2_PATH_<NAME>=on|off (unset: follow the set)."""
+    """Per-path environment switches PQ2_PATH_<NAME>=on|off (unset: follow the set; an empty
+    value is an error, not unset)."""
     for k in os.environ:
         # the names are exact: a PQ2_PATH_single would otherwise be read by nothing
         if k.upper().startswith("PQ2_PATH_"):
@@ -54,9 +59,9 @@ def switches() -> dict[str, bool]:
             if k != p.env:
                 raise ValueError(f"{k}: switch names are upper case; use {p.env}")
     out = {}
-    for p in registry.PATHS:
+    for p in registry.BY_NAME.values():
         v = os.environ.get(p.env)
-        if v is None or v == "":
+        if v is None:
             continue
         s = v.strip().lower()
         if s in _ON:
@@ -64,16 +69,37 @@ def switches() -> dict[str, bool]:
         elif s in _OFF:
             out[p.name] = False
         else:
-            raise ValueError(f"{p.env}={v!r}: expected on or off")
+            raise ValueError(f"{p.env}={v!r}: expected on or off" + (" (an empty value is not 'unset': unset the "
+                                                                      "variable to follow the kernel set)" if not s else ""))
     return out
 
 
+def known_vars() -> list[str]:
+    """Every PQ2_* variable name the project reads."""
+    return [ENV_SET, *(p.env for p in registry.BY_NAME.values()), *OTHER_VARS]
+
+
 def validate_env() -> None:
-    """Every PQ2_KERNELS / PQ2_PATH_* variable read by dispatch is valid (the CLI calls this
-    before any work): raise ValueError naming the variable otherwise."""
+    """Every PQ2_* variable is one the project reads, with a valid value (the CLI calls this
+    before any work; pq2_matmul once per change of the environment): raise ValueError naming
+    the variable otherwise. A typo'd name (PQ2_KERNEL, PQ2_PATHS_SINGLE) would be read by
+    nothing and silently change nothing; an empty value is not 'unset'."""
+    import difflib
+    known = known_vars()
     for k in os.environ:
-        if k.upper() == ENV_SET and k != ENV_SET:
+        u = k.upper()
+        if not u.startswith("PQ2_") or k in known:
+            continue
+        if u == ENV_SET:
             raise ValueError(f"{k}: the variable is {ENV_SET} (upper case)")
+        if u.startswith("PQ2_PATH_"):
+            switches()      # names the path or the upper-case spelling
+        near = difflib.get_close_matches(u, known, n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise ValueError(f"{k}: not a variable pq2verify reads; {hint}known: {', '.join(known)}")
+    for k in (ENV_SET, "PQ2_EMULATE_GEMM"):
+        if os.environ.get(k) == "":
+            raise ValueError(f"{k}='': an empty value; set a value or unset the variable")
     kernel_set()
     switches()
 
@@ -100,21 +126,39 @@ def clear_cache() -> None:
     _resolved.clear()
 
 
-_ENV_NAMES = (ENV_SET,) + tuple(p.env for p in registry.PATHS)
-try:   # CPython keeps the environment as an encoded dict: reading it skips 9 encode/decode pairs
-    _ENV_RAW, _ENV_KEYS = os.environ._data, tuple(os.environ.encodekey(n) for n in _ENV_NAMES)
+try:   # CPython keeps the environment as an encoded dict: reading it skips the decoding
+    _ENV_RAW = os.environ._data
+    _PQ2 = tuple(os.environ.encodekey(p) for p in ("PQ2_", "Pq2_", "pQ2_", "pq2_"))
 except AttributeError:
     _ENV_RAW = None
+# the last validated environment: (every variable's name, joined; the PQ2_* names in it; their
+# values; the registry's size) and the key it gave
+_env_seen: tuple = (None, (), (), 0)
+_env_last: tuple = ()
 
 
 def env_key() -> tuple:
-    """What the path choice reads from the environment ($PQ2_KERNELS, every PQ2_PATH_* switch),
-    as a cache key (resolve's, and the GSM8K runner's graph keys)."""
-    # A new variable (a typo'd switch too) changes the count, so it is rescanned and refused.
-    if _ENV_RAW is not None:
-        return (len(_ENV_RAW),) + tuple(_ENV_RAW.get(k) for k in _ENV_KEYS)
-    env = os.environ
-    return (len(env),) + tuple(env.get(n) for n in _ENV_NAMES)
+    """The PQ2_* variables as sorted (name, value) pairs, validated (validate_env): a cache key
+    for what the path choice reads (resolve's, and the GSM8K runner's graph keys). A typo'd
+    name or a bad value raises on every call until it is fixed.
+
+    The hot path compares, not rescans: the names of all variables joined (any name added or
+    removed changes it, whatever the count), and the values of the PQ2_* names among them."""
+    global _env_seen, _env_last
+    if _ENV_RAW is None:
+        validate_env()
+        return tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith("PQ2_")))
+    names, pq2, vals, nreg = _env_seen
+    raw = _ENV_RAW
+    if b"\0".join(raw) == names and nreg == len(registry.BY_NAME) and tuple([raw[k] for k in pq2]) == vals:
+        return _env_last
+    names = b"\0".join(raw)
+    pq2 = tuple(k for k in raw if k.startswith(_PQ2))
+    vals = tuple([raw[k] for k in pq2])
+    validate_env()          # raises: nothing is remembered, so the next call checks again
+    _env_last = tuple(sorted((os.fsdecode(k), os.fsdecode(v)) for k, v in zip(pq2, vals)))
+    _env_seen = (names, pq2, vals, len(registry.BY_NAME))
+    return _env_last
 
 
 @functools.lru_cache(maxsize=1024)
@@ -157,7 +201,10 @@ def pq2_matmul(x, w, *, kernels=None, path=None):
     kernels: 'legacy' | 'exact' | 'tuned' (default: $PQ2_KERNELS or 'tuned').
     path: force one registry path (an M outside its range is an error; M = 0 is empty).
     Bad input raises before any launch, naming the argument (policies: pq2verify.validate).
+    The PQ2_* environment is validated once per change of it (dispatch.validate_env): a
+    typo'd variable (PQ2_KERNEL=legacy) raises instead of running the default set.
     """
+    env_key()               # the environment validated, once per change of it
     validate(x, w)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])

@@ -66,6 +66,8 @@ def weight(x, w, *, dense: bool | None = None) -> tuple[int, int]:
             raise TypeError("w: this path takes a PQ2Weight, got a dense tensor")
         if w.dim() != 2:
             raise ValueError(f"w: a dense weight must be [N, K] (rank 2), got rank {w.dim()}")
+        if w.shape[1] == 0:
+            raise ValueError(f"w: a dense weight needs K >= 1 columns, got shape {tuple(w.shape)}")
         if w.dtype != x.dtype:
             raise TypeError(f"w: dense weight dtype {_name(w.dtype)} differs from x dtype {_name(x.dtype)}")
         if k_x != w.shape[1]:

@@ -4,6 +4,8 @@ Raw layout: [N, G*34] bytes, each block = fp16 scale (2 bytes) + 32 code bytes.
 Prepared layout: one flat allocation, code plane [N, K/4] then scale plane [N, G] fp16.
 Kernels read both through the same strides (in bytes for codes, in halves for scales).
 """
+import numbers
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +55,18 @@ def _version(t: torch.Tensor):
         return None
 
 
+def _fingerprint(t: torch.Tensor):
+    """CRC-32 of a CPU tensor's bytes (about 0.3 ms a MB), None elsewhere. On the CPU the bytes
+    can change behind torch's version counter (a numpy view, a buffer shared by pointer)."""
+    if t.device.type != "cpu":
+        return None
+    return zlib.crc32(t.detach().reshape(-1).numpy())
+
+
+def _stamp(t: torch.Tensor, fp) -> tuple:
+    return (_version(t), fp)
+
+
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """Contiguous and ALIGN-byte aligned: a slice at an odd offset of a larger buffer is copied
     (documented policy: weights are copied at load, never per call)."""
@@ -62,6 +76,27 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(eq=False)
 class PQ2Weight:
+    """A PQ2_0 weight, N x K, in the raw or prepared layout (module docstring).
+
+    Validation (code 3 and non-finite scales are refused, naming row and block) runs once per
+    bytes: at load, or at the first call for a weight built by hand, and again whenever the
+    bytes may have changed since. The bytes are taken to have changed when
+    - torch says so: an in-place write through any torch view of the allocation bumps its
+      version counter (`w.data[...] = ...`, `copy_`, a kernel's `out=`); or
+    - on the CPU, their CRC-32 differs: each call through pq2_matmul or a kernel wrapper
+      compares it, so a write torch does not count (through a numpy view of the data, or
+      any other alias of the buffer) is seen at the next call. This costs one pass over the
+      weight bytes per call, about 0.3 ms a MB.
+    Either way the validation verdict and everything derived from the bytes (typed views, the
+    emulation's decoded weights) are dropped and rebuilt: a changed weight gives the new
+    weight's result, and code 3 written in after a first call is refused at the next one.
+    On a GPU, writes must go through torch: one that bypasses the version counter (DLPack,
+    a raw pointer) after the first call is not detected (the check would cost a device sync
+    per call). Inference tensors (made under torch.inference_mode) keep no version counter,
+    so they are refused as data on every device: build the weight outside inference mode.
+    n, k and layout describe the bytes and are read-only; assign `data` (same size) to swap
+    the bytes, or build a new weight.
+    """
     data: torch.Tensor          # uint8; raw [N, G*34] or prepared flat [N*G*34]
     n: int
     k: int
@@ -70,10 +105,20 @@ class PQ2Weight:
 
     def __post_init__(self):
         # structure only (no data read): a weight built by hand must still be self-consistent
+        for name in ("n", "k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"weight: {name.upper()} must be an int, got {type(v).__name__} {v!r}")
+            object.__setattr__(self, name, int(v))
         if self.layout not in ("raw", "prepared"):
             raise PQ2FormatError(f"weight: layout must be 'raw' or 'prepared', got {self.layout!r}")
-        if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.uint8:
-            raise PQ2FormatError(f"weight: data must be a uint8 tensor, got {getattr(self.data, 'dtype', type(self.data))}")
+        if not isinstance(self.data, torch.Tensor):
+            raise TypeError(f"weight: data must be a uint8 torch.Tensor, got {type(self.data).__name__}")
+        if self.data.dtype != torch.uint8:
+            raise PQ2FormatError(f"weight: data must be a uint8 tensor, got {self.data.dtype}")
+        _refuse_inference(self.data)
+        if self.n < 0:
+            raise PQ2FormatError(f"weight: N={self.n} is negative")
         if self.k <= 0 or self.k % BLOCK:
             raise PQ2FormatError(f"weight: K={self.k} is not a positive multiple of {BLOCK}")
         if self.data.numel() != self.nbytes:
@@ -84,20 +129,37 @@ class PQ2Weight:
 
     def __setattr__(self, name, value):
         # Views, derived tensors and the validation verdict belong to the bytes they were made
-        # from: replacing the data (or its shape) drops them, or a kernel would read the old ones.
+        # from: replacing the data drops them, or a kernel would read the old ones.
+        built = "checked" in self.__dict__
+        if built and name in ("n", "k", "layout"):
+            raise AttributeError(f"PQ2Weight.{name} is read-only: it describes the bytes; build a new weight "
+                                 "(PQ2Weight.from_raw / from_prepared) for another shape or layout")
+        if built and name == "data":
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"weight: data must be a uint8 torch.Tensor, got {type(value).__name__}")
+            if value.dtype != torch.uint8 or value.numel() != self.nbytes:
+                raise PQ2FormatError(f"weight: new data must be {self.nbytes} uint8 bytes (N={self.n}, K={self.k}), "
+                                     f"got {value.numel()} of {value.dtype}")
+            _refuse_inference(value)
         object.__setattr__(self, name, value)
         if name == "checked":
-            self.__dict__["_checked_at"] = _version(self.data) if value else None
-        elif name in ("data", "n", "k", "layout") and "checked" in self.__dict__:
+            if value:
+                fp = self.__dict__["_fp"] = _fingerprint(self.data)
+                self.__dict__["_checked_at"] = _stamp(self.data, fp)
+            else:
+                self.__dict__["_checked_at"] = None
+        elif name == "data" and built:
             self.__dict__.pop("_cache", None)
+            self.__dict__.pop("_fp", None)
             object.__setattr__(self, "checked", False)
 
     @property
     def _views(self) -> dict:
         """Per-object cache of what is derived from the data (typed views here; emulation's
         decoded weights). Also dropped when the data is written in place (torch's version
-        counter, shared by all views of the allocation): nothing derived outlives its bytes."""
-        ver = _version(self.data)
+        counter, shared by all views of the allocation; on the CPU also the CRC-32 the last
+        ensure_checked saw): nothing derived outlives its bytes."""
+        ver = _stamp(self.data, self.__dict__.get("_fp"))
         if "_cache" not in self.__dict__ or self.__dict__.get("_cache_at") != ver:
             self.__dict__["_cache"], self.__dict__["_cache_at"] = {}, ver
         return self.__dict__["_cache"]
@@ -148,6 +210,7 @@ class PQ2Weight:
 
     def validate(self) -> None:
         """Reject code 3 and non-finite scales, naming the first bad row and block."""
+        self.__dict__["_fp"] = _fingerprint(self.data)      # of the bytes judged here
         codes, scales = self.codes_matrix(), self.scales_matrix()
         hit = _find_code3(codes)
         if hit is not None:
@@ -162,10 +225,14 @@ class PQ2Weight:
         self.checked = True
 
     def ensure_checked(self) -> None:
-        """validate() once per data: again only after the bytes were replaced or written in place. Skipped while a CUDA graph is
-        being captured (validation reads the data back to the host); the eager warm-up call
-        that must precede a capture has done it."""
-        if self.checked and self.__dict__.get("_checked_at") == _version(self.data):
+        """validate() once per bytes: again after they were replaced or written in place (torch's
+        version counter; on the CPU also their CRC-32, see the class docstring). Skipped while
+        a CUDA graph is being captured (validation reads the data back to the host); the eager
+        warm-up call that must precede a capture has done it."""
+        fp = _fingerprint(self.data)
+        if fp != self.__dict__.get("_fp"):
+            self.__dict__["_fp"] = fp           # derived caches (_views) follow the new bytes
+        if self.checked and self.__dict__.get("_checked_at") == _stamp(self.data, fp):
             return
         if self.data.is_cuda and torch.cuda.is_current_stream_capturing():
             return
@@ -233,6 +300,13 @@ class PQ2Weight:
     def strides(self) -> dict:
         """Byte strides of code bytes and half strides of scales, for both layouts."""
         return layout_strides(self.n, self.k, self.layout)
+
+
+def _refuse_inference(t: torch.Tensor) -> None:
+    if t.is_inference():
+        raise TypeError("weight: data is an inference tensor (made under torch.inference_mode), which keeps no "
+                        "version counter, so a write to it after the first call could not be seen; build the "
+                        "weight outside inference mode (e.g. from data.clone() made there)")
 
 
 def layout_strides(n: int, k: int, layout: str) -> dict:

@@ -170,3 +170,41 @@ def test_validate_env_names_the_variable(var, value, names, monkeypatch):
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=re.escape(names)):
         dispatch.validate_env()
+
+
+def test_a_typo_swapped_for_another_variable_is_refused(monkeypatch):
+    """5f06600 rescanned the environment when its count changed: one variable removed and a
+    typo'd switch added (same count) returned the cached path unrefused."""
+    monkeypatch.setenv("PQ2VERIFY_TEST_UNRELATED", "1")
+    assert _resolve(1, "tuned") == "gemv"
+    monkeypatch.delenv("PQ2VERIFY_TEST_UNRELATED")
+    monkeypatch.setenv("PQ2_PATH_GEMV_", "off")
+    for _ in range(2):          # and again: a refusal is not cached as a pass
+        with pytest.raises(ValueError, match="PQ2_PATH_GEMV_: no such path"):
+            _resolve(1, "tuned")
+    monkeypatch.delenv("PQ2_PATH_GEMV_")
+    assert _resolve(1, "tuned") == "gemv"
+
+
+def test_env_key_is_the_pq2_variables_names_and_values(monkeypatch):
+    """The cache key is the (name, value) pairs of the PQ2_* variables: a value changed under
+    the same names changes it, an unrelated variable does not."""
+    base = dispatch.env_key()
+    monkeypatch.setenv("PQ2_PATH_GEMV", "off")
+    off = dispatch.env_key()
+    assert ("PQ2_PATH_GEMV", "off") in off and set(off) - set(base) == {("PQ2_PATH_GEMV", "off")}
+    monkeypatch.setenv("PQ2_PATH_GEMV", "on")
+    assert ("PQ2_PATH_GEMV", "on") in dispatch.env_key()
+    assert _resolve(1, "tuned") == "gemv"
+    monkeypatch.setenv("PQ2_PATH_GEMV", "off")
+    assert _resolve(1, "tuned") == "single"
+    monkeypatch.setenv("PQ2VERIFY_TEST_UNRELATED", "1")
+    assert dispatch.env_key() == off
+
+
+def test_env_key_costs_microseconds():
+    """It runs on every pq2_matmul call: an unchanged environment is compared, not rescanned."""
+    import timeit
+    dispatch.env_key()
+    per_call = min(timeit.repeat(dispatch.env_key, number=2000, repeat=5)) / 2000
+    assert per_call < 20e-6, f"env_key took {per_call * 1e6:.1f} us a call"
