@@ -137,13 +137,13 @@ def judge(p, q, *, tried, identical, first_diff, dots_tried, dots_equal, first_d
           refutation) -> tuple[str, str]:
     """(rule, basis) of one path from its evidence: 'proven' needs (a) and (b) of the module
     docstring and no sampled difference; a difference anywhere is 'refuted'; else 'unproven'."""
-    if first_diff is not None:
-        return "refuted", f"refuted: sampled case {first_diff}"
     if first_dots_diff is not None:
         return "refuted", f"refuted: integer group dots differ on {first_dots_diff}"
     if refutation is not None:
         return "refuted", f"refuted: {refutation['input']} at K={refutation['k']} M={refutation['m']} " \
                           f"{refutation['dtype']}: {refutation['command']}"
+    if first_diff is not None:
+        return "refuted", f"refuted: bytes differ from {q.name} on the inputs of {first_diff}"
     missing = []
     if not (p.has_dots and q.has_dots):
         missing.append("no integer group dots on both paths")
@@ -194,9 +194,8 @@ def derive_path(p, q, shapes: str, device, key: str, console) -> dict:
             if not eq and first_dots_diff is None:
                 first_dots_diff = c.repro()
     folds = fold_grid(p, q, interpret)
-    refutation = None
-    if first_diff is None and first_dots_diff is None and folds["differ"]:
-        refutation = search(p, q, device, interpret, console)
+    # searched even where a sampled case differs: a construction's command shows the bytes differ
+    refutation = search(p, q, device, interpret, console) if first_dots_diff is None and folds["differ"] else None
     rule, basis = judge(p, q, tried=tried, identical=held, first_diff=first_diff, dots_tried=dots_tried,
                         dots_equal=dots_equal, first_dots_diff=first_dots_diff, folds=folds, refutation=refutation)
     return {"format": kernelsets.FORMAT, "counterpart": q.name, "rule": rule, "basis": basis,
@@ -228,7 +227,7 @@ def derive_exact(shapes: str, device, console, *, paths=None, record: bool = Fal
     for n in broken:
         r = result[n]
         if r["rule"] == "refuted":
-            shown = r["first_difference"] or r["dots"]["first_difference"] or r["refutation"]["command"]
+            shown = r["dots"]["first_difference"] or (r["refutation"] or {}).get("command") or r["first_difference"]
             console.print(f"[red]FAIL[/] {n} claims bit-identity to {r['counterpart']} but it does not hold: {shown}")
         else:
             console.print(f"[red]FAIL[/] {n} claims bit-identity to {r['counterpart']} but it is not proven: "
