@@ -20,8 +20,9 @@ from pq2verify import backend, cases, check_cli, checks, cli, derive, outputs, s
 DEVICE = backend.device()
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "native:t=8x128:m1:bf16:raw:normal:seed1"     # one interpreter case, well under a second
-# four cases: native on shapes a and b, raw and prepared (the small set; bonsai27b on a GPU)
-FOUR = ["--paths", "native", "--m", "1", "--dtype", "bf16"]
+# four cases: native on shapes a and b of the small set, raw and prepared
+FOUR = ["--shapes", "small", "--paths", "native", "--m", "1", "--dtype", "bf16"]
+OTHER = [*FOUR[:-3], "2", "--dtype", "bf16"]       # the same at M = 2: another selection
 
 
 def _main(capsys, *argv):
@@ -68,8 +69,7 @@ def fake_engine(monkeypatch):
 
 
 def _four_ids() -> list[str]:
-    shapes = "bonsai27b" if DEVICE == "cuda" else "small"
-    return [c.id for c in cases.check_cases(shapes, paths=["native"], ms=[1], dtypes=["bf16"],
+    return [c.id for c in cases.check_cases("small", paths=["native"], ms=[1], dtypes=["bf16"],
                                             key=backend.golden_key())]
 
 
@@ -187,7 +187,8 @@ def test_render_refuses_what_it_cannot_honour(extra, tmp_path, capsys, monkeypat
     assert out == "" and not (tmp_path / "out.json").exists()
 
 
-# (--m, --dtype, --kernels, --case, --markdown: tests/test_cli_contract.py::test_derive_refuses_filters_it_cannot_honour)
+# (--m, --dtype, --kernels, --case, --markdown: in tests/test_cli_contract.py,
+# test_derive_refuses_filters_it_cannot_honour)
 @pytest.mark.parametrize("extra", [["--html", "d.html"], ["--shard", "1/2"], ["--reruns", "2"], ["--skip-selfcheck"]],
                          ids=" ".join)
 def test_derive_refuses_what_it_cannot_honour(extra, tmp_path, monkeypatch, capsys, no_work):
@@ -252,7 +253,7 @@ def test_json_records_completion_shard_selection_and_selfchecks(tmp_path, capsys
     d2 = json.loads(j2.read_text())
     assert d2["selection"]["fingerprint"] == d["selection"]["fingerprint"] and d2["selection"]["shard"] is None
     other = tmp_path / "m2.json"      # another selection: another fingerprint
-    _main(capsys, "check", "--paths", "native", "--m", "2", "--dtype", "bf16", "--json", str(other))
+    _main(capsys, "check", *OTHER, "--json", str(other))
     assert json.loads(other.read_text())["selection"]["fingerprint"] != d["selection"]["fingerprint"]
 
 
@@ -271,7 +272,7 @@ def test_render_is_green_only_for_every_shard_of_one_selection_once(shards, says
     for i, s in enumerate(shards):
         if s == "other":
             j = tmp_path / f"{i}.json"
-            _main(capsys, "check", "--paths", "native", "--m", "2", "--dtype", "bf16", "--shard", "2/2",
+            _main(capsys, "check", *OTHER, "--shard", "2/2",
                   "--json", str(j))
         else:
             _, j, _ = _run(capsys, tmp_path, str(i), *(["--shard", s] if s != "all" else []))
@@ -311,7 +312,8 @@ def test_a_skipped_or_failed_selfcheck_is_never_green_when_rendered(how, says, t
                                                                     fake_engine):
     real = selfcheck.run_all
     if how == "fail":
-        monkeypatch.setattr(selfcheck, "run_all", lambda: [(n, n != "decode == decode by hand", d) for n, _, d in real()])
+        monkeypatch.setattr(selfcheck, "run_all",
+                            lambda: [(n, n != "decode == decode by hand", d) for n, _, d in real()])
     if how == "raise":
         monkeypatch.setattr(selfcheck, "run_all", lambda: 1 / 0)
     rc, j, out = _run(capsys, tmp_path, "r", *(["--skip-selfcheck"] if how == "skip" else []))
