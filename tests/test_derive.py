@@ -303,3 +303,17 @@ def test_emulate_reads_the_interpreter_record_with_the_gpu_folds(few_cases, monk
                 f"emulate: exact differs from legacy: {adversarial.command('single', 'int_gemv', k, m, dt)}"
             assert set(t) <= {"int_gemv", "mmq", "mmq_wgmma"}, dict(t)
     dispatch.clear_cache()
+
+
+@pytest.mark.gpu
+def test_gpu_derivation_proves_mmq_wgmma_and_refutes_the_decode_paths(device, few_cases):
+    """On the GPU: mmq_wgmma (Gluon on sm_90) is proven from its fold and its dots; the decode
+    paths whose GPU-config folds differ from int_gemv's are refuted by a construction.
+    Run: ./pq2 test --device cuda -k test_gpu_derivation tests/test_derive.py"""
+    key = dispatch.backend_key(torch.device(device))
+    con = Console(width=200)
+    r = derive.derive_path(registry.get("mmq_wgmma"), registry.get("mmq"), "bonsai27b", device, key, con)
+    assert r["rule"] == "proven" and r["dots"]["cases"] > 0, r["basis"]
+    for name in ("gemv", "single", "small_mma"):
+        r = derive.derive_path(registry.get(name), registry.get("int_gemv"), "bonsai27b", device, key, con)
+        assert r["rule"] == "refuted" and r["refutation"] is not None, (name, r["basis"])
