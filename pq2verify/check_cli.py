@@ -267,6 +267,8 @@ def load(fn: str) -> dict:
             if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
                 raise UsageError(f"{where} ({r.get('case', '?')}): {key!r} is {json.dumps(v)}, "
                                  f"expected {_type_name(types)}")
+        if not all(isinstance(v, str) for v in r["failures"]):
+            raise UsageError(f"{where} ({r['case']}): 'failures' must hold strings, got {json.dumps(r['failures'])}")
         if r["ok"] == bool(r["failures"]):
             raise UsageError(f"{where} ({r['case']}): 'ok' is {json.dumps(r['ok'])} but it lists "
                              f"{len(r['failures'])} failure(s)")
@@ -350,6 +352,20 @@ def problems(runs: list[tuple[str, dict]]) -> list[str]:
                 seen[r["case"]] = fn
         if len(seen) != total and not any("incomplete" in p for p in out):
             out.append(f"the files hold {len(seen)} of the selection's {total} cases")
+        elif not out:
+            # shard I holds cases I-1, I-1+N, ... of the selection: rebuilt in order, they must
+            # give its fingerprint (an edited case id, or rows from another run, do not)
+            order = [None] * total
+            for fn, d in runs:
+                i = (d["selection"]["shard"] or [1, 1])[0]
+                for pos, r in enumerate(d["cases"]):
+                    j = i - 1 + of * pos
+                    if j < total:
+                        order[j] = r["case"]
+            got = hashlib.sha256("\n".join(map(str, order)).encode()).hexdigest()[:16]
+            if got != known[0][1]["fingerprint"]:
+                out.append(f"the cases do not add up to the selection they name (fingerprint {got}, recorded "
+                           f"{known[0][1]['fingerprint']}): a case id was edited, or rows come from another run")
     return out
 
 

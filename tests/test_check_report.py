@@ -20,8 +20,8 @@ def _row(case, ok, ratio, failures=()):
 def _complete(rows, shard=None, total=None) -> dict:
     """A `check --json` of a run that completed, its self-checks passed."""
     return {"format": check_cli.FORMAT, "provenance": {"backend": "test"}, "complete": True,
-            "selection": {"total": total or len(rows), "fingerprint": "f" * 16, "shard": shard, "cases": len(rows),
-                          "reruns": 1},
+            "selection": {"total": total or len(rows), "shard": shard, "cases": len(rows), "reruns": 1,
+                          "fingerprint": check_cli.fingerprint([cases.Case.parse(r["case"]) for r in rows])},
             "selfcheck": {"status": "passed", "checks": [{"check": "x", "ok": True, "detail": ""}]}, "cases": rows}
 
 
@@ -34,6 +34,7 @@ def test_html_report_puts_failures_first(tmp_path):
     assert cli.main(["check", "--render", str(src), "--html", str(out)]) == 1
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "2 of 3 cases passed" in page
+    assert "Not a complete result" not in page          # a whole run: the one failure is the verdict
     order = [page.index(i) for i in (ids[1], ids[0], ids[2])]
     assert order == sorted(order), "the failing case, then the closest to its bound"
     assert "relative RMS too large" in page and f"./pq2 check --case {ids[1]}" in page

@@ -212,6 +212,7 @@ def _row(case_id: str, **over) -> dict:
     ({"ok": "false"}, f"case 1 ({TINY}): 'ok' is \"false\", expected true/false"),
     ({"ok": 0}, "'ok' is 0, expected true/false"),
     ({"failures": "none"}, "'failures' is \"none\", expected a list"),
+    ({"ok": False, "failures": [1]}, "'failures' must hold strings, got [1]"),
     ({"m": "1"}, "'m' is \"1\", expected an integer"),
     ({"rel_rms_dense": "small"}, "'rel_rms_dense' is \"small\", expected"),
     ({"ok": True, "failures": ["x"]}, "'ok' is true but it lists 1 failure(s)"),
@@ -337,6 +338,15 @@ def test_a_file_that_says_complete_but_lost_cases_is_not_green(tmp_path, capsys,
     j.write_text(json.dumps(d))
     rc, _, err = _main(capsys, "check", "--render", str(j))
     assert rc == 1 and "says complete but holds 3 of its 4 cases" in err, err
+
+
+def test_rows_that_are_not_the_selection_they_name_are_not_green(tmp_path, capsys, fake_engine):
+    _, j, _ = _run(capsys, tmp_path, "r")
+    d = json.loads(j.read_text())
+    d["cases"][1], d["cases"][2] = d["cases"][2], d["cases"][1]       # the same ids, out of their order
+    j.write_text(json.dumps(d))
+    rc, _, err = _main(capsys, "check", "--render", str(j))
+    assert rc == 1 and "the cases do not add up to the selection they name" in err, err
 
 
 # --- impossible --m: a resource limit named before the work, not a kernel FAIL ----------------------
