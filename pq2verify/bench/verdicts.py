@@ -196,7 +196,7 @@ def judge(res: dict) -> dict:
         for s, side in (r.get("sides") or {}).items():
             if r["kind"] == "step":
                 best = r.get("sol_best")
-                ci = rat.get(f"{s}_over_{best}") if best and s in ("a", "b") else None
+                ci = ratio(r, s, best) if best and s in ("a", "b") else None     # > 1: s faster than the SOL
                 what = f"faster than the speed of light ({best})"
             else:
                 ci = _faster_than_bandwidth(side, bw)
