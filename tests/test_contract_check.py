@@ -298,6 +298,8 @@ def test_shards_beyond_the_selection_are_empty_not_missing(tmp_path, capsys, fak
                            "--shard", f"{i}/3", "--json", str(j))
         assert rc == 0, err
         files.append(str(j))
+    sel = json.loads(Path(files[1]).read_text())["selection"]
+    assert (sel["total"], sel["shard"], sel["cases"]) == (2, [2, 3], 1)
     rc, _, err = _main(capsys, "check", "--case", TINY, "--shard", "3/3")
     assert rc == 2 and "no case left in this shard" in err
     rc, _, err = _main(capsys, "check", "--render", *files)
