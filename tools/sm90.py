@@ -395,7 +395,11 @@ def main():
                          f"got {spec!r}")
             if name in modules:
                 ap.error(f"argument --module: {name} given twice")
-            modules[name] = load(existing_file(path), name)
+            try:
+                path = existing_file(path)
+            except (argparse.ArgumentTypeError, ValueError) as e:
+                ap.error(f"argument --module: {e}")
+            modules[name] = load(path, name)
         only = None
         if a.only is not None:
             only = set(a.only.split(","))
