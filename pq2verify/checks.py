@@ -24,8 +24,10 @@ REF_ROWS = 256            # reference rows sampled on large shapes (all rows whe
 WRITTEN, RMS_QUANTIZED, RMS_DENSE, PER_ELEMENT = "written", "rms quantized", "rms dense", "per-element"
 DOTS, CLAIM, DETERMINISM, BATCH, NAN, GUARD = ("dots", "exactness claim", "determinism", "batch invariance",
                                               "nan propagation", "guard band")
+FOLD = "declared fold"
 ERROR = "error"          # the case raised: no verdict on the kernel
-CHECK_NAMES = (WRITTEN, RMS_QUANTIZED, RMS_DENSE, PER_ELEMENT, DOTS, CLAIM, DETERMINISM, BATCH, NAN, GUARD, ERROR)
+CHECK_NAMES = (WRITTEN, RMS_QUANTIZED, RMS_DENSE, PER_ELEMENT, DOTS, CLAIM, DETERMINISM, BATCH, NAN, GUARD, FOLD,
+               ERROR)
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Result:
     guards_intact: bool | None = None   # no write landed in the bands around out and dots
     batch_invariant: bool | None = None
     nan_exact: bool | None = None       # a planted NaN made exactly the reference's NaN outputs
+    fold_exact: bool | None = None      # bytes equal the emulation of the declared fold (cancelling input)
     failures: list = field(default_factory=list)
     failed: list = field(default_factory=list)   # CHECK_NAMES entry of each failure, same order
 
@@ -299,12 +302,42 @@ def _nan(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
                f"{others[int(moved[0])]}", NAN)
 
 
+# The declared-fold check's input (pq2verify.adversarial, its 'cancel' rows only): K = 1024 with
+# the special groups in 0-2 and 6-7, where the paths' splits and lanes begin and end, so each
+# FP32 order of the integer paths gives other bytes than int_gemv's sequential one somewhere.
+FOLD_K, FOLD_SPAN, FOLD_N = 1024, 5, 120
+
+
+def _declared_fold(r: Result, c: Case, p: registry.Path, device, kernel) -> None:
+    """The output bytes equal the emulation of the FP32 order the path declares (registry.Path.fold,
+    pq2verify.emulation) on inputs whose group terms cancel, where another order gives other
+    bytes: a path that computes another path's order (its counterpart's, say) fails. The
+    interpreter only: a GPU compiler may contract the fold into an FMA, the emulation never does."""
+    from . import adversarial, emulation
+    w = adversarial.weight(FOLD_K, device, span=FOLD_SPAN, n=FOLD_N)
+    w = w.to_raw() if c.layout == "raw" else w
+    x = adversarial.activations(c.m, FOLD_K, DTYPES[c.dtype], device)
+    out = torch.full((c.m, w.n), float("nan"), dtype=x.dtype, device=x.device)
+    y = (kernel or p.kernel())(x, w, out=out).cpu()
+    want = emulation.emulate(p.name, x.cpu(), w.to("cpu"), interpret=True)
+    diff = torch.nonzero(bits(y) != bits(want))
+    r.fold_exact = diff.numel() == 0
+    if not r.fold_exact:
+        i, n = (int(v) for v in diff[0])
+        fold = p.fold(w.n, FOLD_K, c.m, interpret=True)
+        r.fail(f"declared fold: {diff.shape[0]} of {y.numel()} outputs differ from the emulation of its "
+               f"declared FP32 order {fold} on inputs whose group terms cancel; first y[{i}, {n}] = "
+               f"{float(y[i, n])!r} vs {float(want[i, n])!r} ({adversarial.describe(FOLD_K, n, FOLD_SPAN)})", FOLD)
+
+
 def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "batch", "nan"),
              reruns: int = 5, inp: Inputs | None = None, kernel=None) -> Result:
     """Run the checks on one case. `kernel` replaces the path's run for every call of this
     path (first call, reruns, batch and NaN calls); a claimed counterpart runs its own kernel.
     "rms" holds both numeric verdicts: relative RMS and the per-element bound. Every call's
-    out and dots sit in guard bands, checked whatever `checks` says."""
+    out and dots sit in guard bands, checked whatever `checks` says. "fold" (not a default: it
+    costs a K = 1024 call) checks an integer path's bytes against the emulation of its declared
+    fold order, on the interpreter only (fold_exact stays None elsewhere)."""
     from reference import metrics
     p = registry.get(c.path)
     inp = inp or Inputs(c, device)
@@ -369,6 +402,8 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
         _batch(r, c, p, inp, y, kernel, guards)
     if "nan" in checks and finite_x:
         _nan(r, c, p, inp, y, kernel, guards)
+    if "fold" in checks and p.arithmetic == "integer" and p.weight == "pq2" and torch.device(device).type == "cpu":
+        _declared_fold(r, c, p, device, kernel)
     r.guards_intact = not guards
     for g in guards:
         r.fail(g, GUARD)
