@@ -318,10 +318,10 @@ def problems(runs: list[tuple[str, dict]]) -> list[str]:
     known = [(fn, d["selection"]) for fn, d in runs if isinstance(d.get("selection"), dict)]
     prints = {}
     for fn, sel in known:
-        prints.setdefault((sel["fingerprint"], sel["total"]), []).append(fn)
+        prints.setdefault((sel["fingerprint"], sel["total"], sel.get("backend", "?")), []).append(fn)
     if len(prints) > 1:
         out.append("files of different selections, which do not add up to one table: " + "; ".join(
-            f"{', '.join(fns)} (selection {fp}, {total} cases)" for (fp, total), fns in prints.items()))
+            f"{', '.join(fns)} (selection {fp}: {total} cases on {back})" for (fp, total, back), fns in prints.items()))
         return out
     if not known:
         return out
@@ -362,7 +362,7 @@ def problems(runs: list[tuple[str, dict]]) -> list[str]:
                     j = i - 1 + of * pos
                     if j < total:
                         order[j] = r["case"]
-            got = hashlib.sha256("\n".join(map(str, order)).encode()).hexdigest()[:16]
+            got = _digest([known[0][1].get("backend", "")] + order)
             if got != known[0][1]["fingerprint"]:
                 out.append(f"the cases do not add up to the selection they name (fingerprint {got}, recorded "
                            f"{known[0][1]['fingerprint']}): a case id was edited, or rows come from another run")
@@ -458,9 +458,14 @@ def _slow(args, dev: str, shapes: str, what: str) -> None:
                          "--allow-slow to run it here anyway")
 
 
-def fingerprint(todo: list) -> str:
-    """Names the selection (before sharding): shards of different selections never add up."""
-    return hashlib.sha256("\n".join(c.id for c in todo).encode()).hexdigest()[:16]
+def fingerprint(todo: list, key: str = "") -> str:
+    """Names the selection (before sharding) and the backend it runs on (`backend.golden_key`):
+    shards of different selections, or of one run on two kinds of backend, never add up."""
+    return _digest([key] + [c.id for c in todo])
+
+
+def _digest(lines) -> str:
+    return hashlib.sha256("\n".join(map(str, lines)).encode()).hexdigest()[:16]
 
 
 def need_bytes(c) -> tuple[int, int]:
@@ -588,8 +593,9 @@ def run(args) -> int:
         prov["shard"] = f"{args.shard[0]}/{args.shard[1]}"
     console.print(f"[bold]pq2verify check[/] backend={prov['backend']} shapes={shapes} "
                   f"torch={prov['torch']} triton={prov['triton']} commit={prov['commit']}")
+    key = backend.golden_key()
     out = {"format": FORMAT, "provenance": prov, "complete": False,
-           "selection": {"total": len(chosen), "fingerprint": fingerprint(chosen),
+           "selection": {"total": len(chosen), "backend": key, "fingerprint": fingerprint(chosen, key),
                          "shard": list(args.shard) if args.shard else None, "cases": len(todo), "reruns": reruns},
            "selfcheck": {"status": "not run yet", "checks": []}, "cases": []}
     failed_write = []

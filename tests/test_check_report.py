@@ -21,7 +21,8 @@ def _complete(rows, shard=None, total=None) -> dict:
     """A `check --json` of a run that completed, its self-checks passed."""
     return {"format": check_cli.FORMAT, "provenance": {"backend": "test"}, "complete": True,
             "selection": {"total": total or len(rows), "shard": shard, "cases": len(rows), "reruns": 1,
-                          "fingerprint": check_cli.fingerprint([cases.Case.parse(r["case"]) for r in rows])},
+                          "backend": "test", "fingerprint": check_cli.fingerprint([cases.Case.parse(r["case"])
+                                                                                   for r in rows], "test")},
             "selfcheck": {"status": "passed", "checks": [{"check": "x", "ok": True, "detail": ""}]}, "cases": rows}
 
 

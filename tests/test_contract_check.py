@@ -267,6 +267,7 @@ def test_json_records_completion_shard_selection_and_selfchecks(tmp_path, capsys
     (["all", "all"], "the same unsharded run given 2 times"),
     (["1/2", "2/3"], "files split the selection differently"),
     (["1/2", "other"], "files of different selections"),
+    (["1/2", "2/2@sm90"], "files of different selections"),       # one selection, two kinds of backend
 ])
 def test_render_is_green_only_for_every_shard_of_one_selection_once(shards, says, tmp_path, capsys, fake_engine):
     files = []
@@ -275,6 +276,10 @@ def test_render_is_green_only_for_every_shard_of_one_selection_once(shards, says
             j = tmp_path / f"{i}.json"
             _main(capsys, "check", *OTHER, "--shard", "2/2",
                   "--json", str(j))
+        elif s.endswith("@sm90"):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(backend, "golden_key", lambda: "sm90")
+                _, j, _ = _run(capsys, tmp_path, str(i), "--shard", s.split("@")[0])
         else:
             _, j, _ = _run(capsys, tmp_path, str(i), *(["--shard", s] if s != "all" else []))
         files.append(str(j))
