@@ -278,6 +278,36 @@ def test_a_torn_last_line_is_set_aside_too(tmp_path, capsys):
     assert (rd.path / "generations.jsonl.damaged").read_bytes() == b'{"id": 1, "tok\n'
 
 
+@pytest.mark.parametrize("text", ['{"batches": {"0,1": ', "[]", '{"batches": []}'], ids=["torn", "list", "batches-list"])
+def test_a_damaged_ledger_is_set_aside_and_its_batches_replayed(text, tmp_path, capsys):
+    from pq2verify.gsm8k import execute, runs
+    rd = runs.RunDir(tmp_path, "a-x", {"k": 1})
+    rd.append({**REC, "id": 0})
+    (rd.path / execute.LEDGER).write_text(text)
+    assert execute.todo(rd, [[0], [1]]) == [[0], [1]]                # every batch replayed ...
+    assert sorted(rd.done) == [0]                                     # ... the question written kept
+    assert (rd.path / (execute.LEDGER + ".damaged")).read_text() == text
+    assert "damaged, set aside" in capsys.readouterr().err
+
+
+def test_a_write_that_fails_during_the_run_is_a_write_error(tmp_path, monkeypatch):
+    from pq2verify import outputs
+    from pq2verify.gsm8k import runs
+    rd = runs.RunDir(tmp_path, "a-x", {"k": 1})
+    rd.append({**REC, "id": 0})
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(runs.os, "fsync", full)
+    with pytest.raises(outputs.WriteError, match=r"--out .*generations.jsonl: could not write: No space left"):
+        rd.append({**REC, "id": 1})
+    monkeypatch.setattr(runs.os, "replace", lambda a, b: full(None))
+    with pytest.raises(outputs.WriteError, match=r"ledger.json: could not write: No space left"):
+        rd.write_json("ledger.json", {"batches": {}})
+    monkeypatch.undo()
+    assert 0 in runs.RunDir(tmp_path, "a-x", {"k": 1}).done           # the record before it kept
+
+
 def test_resume_after_damage_generates_only_what_is_missing(tiny_model, tmp_path, capsys, cpu_env):  # noqa: F811
     argv = ("--model", tiny_model, "--limit", "5", "--no-floor", *SMALL)
     assert gsm8k(capsys, *argv, "--out", tmp_path / "clean")[0] == 0

@@ -239,11 +239,11 @@ def _main(args) -> int:
     pred_a, pred_b = _predict(spec_a, device, dtype), _predict(spec_b, device, dtype)
     differ = switch.differences(pred_a, pred_b)
     if not differ:
-        same = ", ".join(f"M {switch._span(sp)} {name}" for (_, sp), name in sorted(pred_a.items(), key=lambda c: c[0][1][0]))
-        raise UsageError(f"--a {args.a} --b {args.b}: SWITCH PROOF FAILED before running: A ({spec_text(spec_a)}) and "
-                         f"B ({spec_text(spec_b)}) resolve to the same path at every M on backend {bkey} ({same}); "
-                         "the A/B would compare one configuration with itself (an A/A run is --control)")
-    pa, pb = _predict_paths(spec_a, device, dtype, args.batch_size), _predict_paths(spec_b, device, dtype, args.batch_size)
+        raise UsageError(f"--a {args.a} --b {args.b}: SWITCH PROOF FAILED before running: A ({spec_text(spec_a)}) "
+                         f"and B ({spec_text(spec_b)}) resolve to the same path at every M on backend {bkey} "
+                         f"({switch.describe(pred_a)}); the A/B would compare one configuration with itself "
+                         "(an A/A run is --control)")
+    pa, pb = (_predict_paths(s, device, dtype, args.batch_size) for s in (spec_a, spec_b))
 
     test, train, source = data.load(args.data)      # every row checked before the model loads
     ids = data.select(len(test), ids=args.ids, all_=args.all, limit=args.limit)

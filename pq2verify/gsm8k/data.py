@@ -60,7 +60,8 @@ def _read_jsonl(path: Path, label: str = "") -> list[dict]:
         try:
             r = json.loads(line)
         except ValueError as e:
-            raise ValueError(f"{where}: not JSON ({getattr(e, 'msg', e)} at column {getattr(e, 'colno', '?')})") from None
+            why = f"{getattr(e, 'msg', e)} at column {getattr(e, 'colno', '?')}"
+            raise ValueError(f"{where}: not JSON ({why})") from None
         why = _row_error(r)
         if why:
             raise ValueError(f"{where}: {why}")
@@ -110,7 +111,8 @@ def load(source: str | None = None) -> tuple[list[dict], list[dict], str]:
     except Exception as e:
         raise RuntimeError(f"--data {source}: could not load from the hub ({type(e).__name__}: {e}); "
                            "no hub may be reachable here: give a JSONL or Parquet file") from None
-    return _check(list(ds["test"]), f"--data {source} test"), _check(list(ds["train"]), f"--data {source} train"), f"hf:{source}"
+    return (_check(list(ds["test"]), f"--data {source} test"), _check(list(ds["train"]), f"--data {source} train"),
+            f"hf:{source}")
 
 
 def id_spec(s: str) -> str:

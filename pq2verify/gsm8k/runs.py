@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import kernelsets, registry
@@ -95,6 +96,18 @@ def _record(line: bytes) -> tuple[dict | None, str | None]:
     return rec, None
 
 
+@contextmanager
+def _writes(path):
+    """A failed write of a run's files is an outputs.WriteError (exit 3), not a traceback; what
+    was written before it is kept, and a rerun resumes."""
+    try:
+        yield
+    except OSError as e:
+        from ..outputs import WriteError
+        raise WriteError(f"--out {path}: could not write: {e.strerror or e}; the records written before "
+                         "are kept: rerun the same command to resume") from None
+
+
 def config_key(cfg: dict) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -104,10 +117,11 @@ class RunDir:
         self.cfg = cfg
         self.key = config_key(cfg)
         self.path = Path(root) / f"{label}-{self.key}"
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
-        self.file = self.path / "generations.jsonl"
-        self.done: dict[int, dict] = self._recover()
+        with _writes(self.path):
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
+            self.file = self.path / "generations.jsonl"
+            self.done: dict[int, dict] = self._recover()
 
     def _recover(self) -> dict[int, dict]:
         """Read finished lines. A damaged one (not JSON, no integer id, a field missing, or a
@@ -152,7 +166,7 @@ class RunDir:
         if rec["id"] in self.done:
             return False
         line = json.dumps(rec, separators=(",", ":")) + "\n"
-        with open(self.file, "a", encoding="utf-8") as f:
+        with _writes(self.file), open(self.file, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
@@ -162,9 +176,28 @@ class RunDir:
     def write_json(self, name: str, obj) -> None:
         """Atomic replace, so a crash leaves the old or the new file, never half of one."""
         tmp = self.path / f".{name}.tmp"
-        tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.path / name)
+        with _writes(self.path / name):
+            tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, self.path / name)
 
     def read_json(self, name: str, default=None):
+        """The file's object, or `default` where there is none. A damaged one (not JSON, or
+        without the default's keys) is set aside as NAME.damaged with a message: the ledger's
+        batches are then replayed, the questions already written kept."""
         f = self.path / name
-        return json.loads(f.read_text()) if f.exists() else default
+        if not f.exists():
+            return default
+        try:
+            obj = json.loads(f.read_text())
+            ok = not isinstance(default, dict) or (isinstance(obj, dict) and all(
+                isinstance(obj.get(k), type(v)) for k, v in default.items() if v is not None))
+        except (ValueError, UnicodeDecodeError):
+            ok = False
+        if ok:
+            return obj
+        aside = f.with_name(name + ".damaged")
+        with _writes(aside):
+            os.replace(f, aside)
+        print(f"pq2verify gsm8k: {f}: damaged, set aside as {aside}; its batches are replayed "
+              "(the questions already written are kept)", file=sys.stderr)
+        return default

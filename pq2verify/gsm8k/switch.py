@@ -51,6 +51,13 @@ def _span(s) -> str:
     return f"{lo}+" if hi is None else (str(lo) if lo == hi else f"{lo}-{hi}")
 
 
+def describe(pred: dict) -> str:
+    """A prediction as 'M 1 gemv, M 2-16 small_mma, M 17+ mmq_wgmma' (K named if it matters)."""
+    ks = {k for k, _ in pred}
+    return ", ".join((f"K {k} " if len(ks) > 1 else "") + f"M {_span(s)} {pred[(k, s)]}"
+                     for (k, s) in sorted(pred, key=lambda c: (c[0], c[1][0])))
+
+
 def differences(pred_a: dict, pred_b: dict) -> list[str]:
     """Where two predictions differ, as 'M 2-16: small_mma vs int_gemv' (K named if it matters)."""
     ks = {k for k, _ in pred_a}
