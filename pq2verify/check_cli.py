@@ -565,9 +565,6 @@ def _selfcheck(args) -> dict:
     return {"status": "passed" if rows and all(r["ok"] for r in rows) else "failed", "checks": rows}
 
 
-_OOM = tuple(t for t in (MemoryError, getattr(__import__("torch"), "OutOfMemoryError", None)) if t)
-
-
 def run(args) -> int:
     _modes(args)
     outputs.check([("--json", args.json), ("--markdown", args.markdown), ("--html", args.html)],
@@ -700,6 +697,8 @@ def _note(out: dict) -> str:
 def _one(checks, c, dev, reruns):
     """(result, why it was not run or None): inputs that cannot be built, or memory that runs
     out, are the run's resource limit, not the kernel failing."""
+    import torch
+    oom = tuple(t for t in (MemoryError, getattr(torch, "OutOfMemoryError", None)) if t)
     try:
         inp = checks.Inputs(c, dev)
     except Exception as e:
@@ -709,7 +708,7 @@ def _one(checks, c, dev, reruns):
         return r, why
     try:
         return checks.evaluate(c, dev, reruns=reruns, inp=inp), None
-    except _OOM as e:
+    except oom as e:
         r = checks.Result(c)
         why = f"out of memory during the checks: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         r.fail(why)

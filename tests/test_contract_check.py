@@ -368,18 +368,27 @@ def test_an_m_no_memory_can_hold_is_refused_before_the_work(capsys, no_work):
         assert m_max <= mem // (640 * 8), err
 
 
-def test_inputs_that_cannot_be_allocated_are_not_a_kernel_failure(tmp_path, capsys, monkeypatch):
-    def alloc(c, device):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory")
-    monkeypatch.setattr(checks, "Inputs", alloc)
-    monkeypatch.setattr(checks, "evaluate", lambda *a, **k: pytest.fail("the kernel ran without inputs"))
+@pytest.mark.parametrize("where,says", [("inputs", "its inputs could not be built: RuntimeError"),
+                                        ("checks", "out of memory during the checks: OutOfMemoryError")])
+def test_memory_that_runs_out_is_not_a_kernel_failure(where, says, tmp_path, capsys, monkeypatch):
+    import torch
+
+    def alloc(*a, **k):
+        if where == "inputs":
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory")
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.45 TiB")
+    if where == "inputs":
+        monkeypatch.setattr(checks, "Inputs", alloc)
+        monkeypatch.setattr(checks, "evaluate", lambda *a, **k: pytest.fail("the kernel ran without inputs"))
+    else:
+        monkeypatch.setattr(checks, "evaluate", alloc)
     j = tmp_path / "r.json"
     rc, out, err = _main(capsys, "check", "--case", TINY, "--json", str(j))
     text = " ".join(out.split())
     assert rc == 1 and "NOT RUN" in text and "not a kernel failure" in text and "FAIL native" not in text, text
-    assert "its inputs could not be built: RuntimeError" in text
+    assert says in text
     row = json.loads(j.read_text())["cases"][0]
-    assert row["ok"] is False and row["not_run"].startswith("its inputs could not be built")
+    assert row["ok"] is False and row["not_run"].startswith(says.split(":")[0])
     rc, _, err = _main(capsys, "check", "--render", str(j))
     assert rc == 1 and "1 case(s) not run" in err, err
 
