@@ -1,14 +1,28 @@
 """pq2verify selftest: the suite's checks against deliberately broken variants of every path;
-prints which check caught each fault and exits 1 if any applicable fault went undetected."""
+prints which check caught each fault and exits 1 if any applicable fault went undetected.
+
+  pq2verify selftest --paths int_gemv --faults ulp,last_row
+  pq2verify selftest --case "$(pq2verify --list-cases selftest | head -1)"
+
+--case takes the ids `--list-cases selftest` prints (each path's selftest case). A selection in
+which every fault is n/a on this backend is refused (exit 2): a run that tests nothing is not a
+pass. Exit status: 0 every applicable fault caught; 1 one went undetected or errored; 2 bad
+input; 3 an output file could not be written (the verdict printed stands).
+"""
+import argparse
 import json
 import sys
 
-from .cli import UsageError, check_writable
+from . import cli
+from .cli import UsageError
 
 
 def register(sub):
-    ap = sub.add_parser("selftest", help="the suite's own power: which check catches each planted fault, per path")
+    ap = sub.add_parser("selftest", help="the suite's own power: which check catches each planted fault, per path",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--paths", default=None, help="comma-separated path names (default: every registry path)")
+    ap.add_argument("--case", default=None, metavar="ID,..",
+                    help="the paths whose selftest case has these ids (--list-cases selftest prints them)")
     ap.add_argument("--faults", default=None, help="comma-separated fault names (default: all; --list-faults shows them)")
     ap.add_argument("--list-faults", action="store_true", help="list the faults and exit")
     ap.add_argument("--json", default=None, help="write every verdict to this file")
@@ -19,36 +33,55 @@ def register(sub):
 def _names(opt: str, value, known) -> list | None:
     if value is None:
         return None
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    if not names:
+    if not [v for v in value.split(",") if v.strip()]:
         raise UsageError(f"{opt}: selects nothing (got {value!r}); expected some of {', '.join(known)}")
+    try:
+        names = cli.names(value)          # an empty item or a name given twice is refused too
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"{opt}: {e}; expected some of {', '.join(known)}") from None
     bad = [n for n in names if n not in known]
     if bad:
         raise UsageError(f"{opt}: unknown {', '.join(map(repr, bad))}; expected some of {', '.join(known)}")
-    return list(dict.fromkeys(names))
+    return names
+
+
+def _case_paths(value) -> list | None:
+    """--case ids -> the paths whose selftest case they are."""
+    if value is None:
+        return None
+    from . import backend, cases
+    ids = {c.id: c.path for c in cases.profile("selftest", backend.golden_key())}
+    got = _names("--case", value, tuple(ids))
+    return [ids[i] for i in got]
 
 
 def main(args) -> int:
-    from . import backend, registry, selftest
+    from . import backend, outputs, registry, selftest
     if args.list_faults:
         for f in selftest.FAULTS:
             print(f"{f.name:<16} {f.what}")
         return 0
+    if args.case is not None and args.paths is not None:
+        raise UsageError("--case names the paths to run; it does not combine with --paths")
     paths = _names("--paths", args.paths, tuple(registry.BY_NAME))
+    paths = _case_paths(args.case) if args.case is not None else paths
     faults = _names("--faults", args.faults, tuple(selftest.BY_NAME))
-    for opt, f in (("--json", args.json), ("--markdown", args.markdown)):
-        if f:
-            check_writable(f, opt)                  # before the work, not after it
+    outputs.check([("--json", args.json), ("--markdown", args.markdown)])   # before the work, not after it
     device = backend.device()
-    print(f"selftest on {backend.name()}: {len(paths or registry.PATHS)} path(s) x "
-          f"{len(faults or selftest.FAULTS)} fault(s)", file=sys.stderr)
+    sel_p = [registry.get(n) for n in paths] if paths else list(registry.PATHS)
+    sel_f = [selftest.BY_NAME[n] for n in faults] if faults else list(selftest.FAULTS)
+    why = {f.not_applicable(p, device) for p in sel_p for f in sel_f}
+    if "" not in why:      # decided before any work: every selected fault is n/a here
+        raise UsageError(f"{'--faults ' + args.faults if faults else 'the selection'}: nothing applicable on "
+                         f"{device} ({'; '.join(sorted(why))}); a run that tests nothing is not a pass")
+    print(f"selftest on {backend.name()}: {len(sel_p)} path(s) x {len(sel_f)} fault(s)", file=sys.stderr)
     verdicts = selftest.run(paths, faults, device,
                             log=lambda v: print(f"  {v.fault} x {v.path}: {v.cell()}", file=sys.stderr))
-    print(selftest.text_table(verdicts))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(selftest.to_json(verdicts, device), fh, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(selftest.markdown(verdicts))
-    return 0 if selftest.summary(verdicts)["ok"] else 1
+    print(selftest.text_table(verdicts))       # the verdict first: a failed write must not lose it
+    s = selftest.summary(verdicts)
+    tested = sum(v.status != "n/a" for v in verdicts)
+    if not tested:
+        print("selftest: FAIL: no selected fault was applicable; nothing was tested", file=sys.stderr)
+    outputs.write_all([("--json", args.json, lambda: json.dumps(selftest.to_json(verdicts, device), indent=1)),
+                       ("--markdown", args.markdown, lambda: selftest.markdown(verdicts))])
+    return 0 if s["ok"] and tested else 1

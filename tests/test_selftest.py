@@ -59,7 +59,7 @@ def test_faults_change_what_they_claim(device):
     p = registry.get("int_gemv")
     ctx = selftest.Context(p, device, "no golden in this test")
     for f in selftest.FAULTS:
-        if f.plain:
+        if f.plain and not (f.control and f.target == checks.PER_ELEMENT):   # that one is n/a when inert
             assert selftest._inert(ctx, f) == "", f.name
     (x, w), (x2, _) = ctx.graph_inputs(1), ctx.graph_inputs(2)
     real = graphs.kernel_fn(p)
