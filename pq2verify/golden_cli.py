@@ -89,10 +89,32 @@ def _no_capture_dir(d: Path, kind: str) -> None:
         raise UsageError(f"--dir {golden._no_capture(d, kind)}")
 
 
+def _enclosing_capture(p) -> Path | None:
+    """The nearest folder above p that holds a capture manifest, if any."""
+    from . import golden
+    for a in Path(p).resolve().parents:
+        if (a / golden.MANIFEST).is_file():
+            return a
+    return None
+
+
+def _not_inside_a_capture(opt: str, p, allowed: Path | None = None) -> None:
+    """A file written inside a capture folder is one its manifest does not list, which breaks
+    that capture (verify fails it): refused, except `allowed` (a case capture's model/)."""
+    if p is None:
+        return
+    enc = _enclosing_capture(p)
+    if enc is not None and (allowed is None or enc != Path(allowed).resolve()):
+        raise UsageError(f"{opt} {p}: inside the golden capture {enc}, whose manifest would not list it; "
+                         "choose a path outside it")
+
+
 def _capture_target(d: Path, key: str, model: bool) -> None:
     """Refuse a capture that would merge into another backend's capture (or another kind of
-    capture), or scatter its files into a folder that holds other things."""
+    capture), land inside another capture, or scatter its files into a folder that holds other
+    things."""
     from . import golden
+    _not_inside_a_capture("--dir", d, allowed=d.parent if model and d.name == "model" else None)
     if (d / golden.MANIFEST).exists():
         try:
             man = json.loads((d / golden.MANIFEST).read_text())
@@ -127,6 +149,8 @@ def run(args) -> int:
         if args.dir:
             _no_capture_dir(target, "model" if args.model else "cases")
         outputs.check([("--json", args.json), ("--html", args.html)], [("--dir", dest)])
+        for opt, p in (("--json", args.json), ("--html", args.html)):
+            _not_inside_a_capture(opt, p)
     if args.model:
         from . import golden_model
         try:

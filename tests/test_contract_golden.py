@@ -81,6 +81,8 @@ COLLISIONS = [
     (["--json", "{cap}/new.json"], "inside the input folder --dir {cap}"),
     (["--json", "{tmp}/r", "--html", "{tmp}/r"], "--html {tmp}/r: the same file as --json"),
     (["--json", "{tmp}/r", "--html", "{tmp}/./r"], "the same file as --json"),
+    (["--json", "{tmp}/other/r.json"], "--json {tmp}/other/r.json: inside the golden capture {tmp}/other"),
+    (["--html", "{tmp}/other/deep/r.html"], "inside the golden capture {tmp}/other"),
     (["--json", ""], "--json: empty path"),
     (["--html", ""], "--html: empty path"),
 ]
@@ -88,6 +90,8 @@ COLLISIONS = [
 
 @pytest.mark.parametrize("argv,says", COLLISIONS, ids=[" ".join(a) for a, _ in COLLISIONS])
 def test_verify_outputs_on_an_input_or_each_other_are_refused(argv, says, capture, tmp_path, capsys, no_work):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / golden.MANIFEST).write_text("{}")        # another capture folder
     before = {f.name: f.read_bytes() for f in capture.iterdir()}
     fill = lambda s: s.format(cap=capture, tmp=tmp_path)       # noqa: E731
     rc, out, err = _cli(capsys, "verify", "--dir", str(capture), *map(fill, argv))
@@ -246,13 +250,15 @@ def _a_file(tmp_path):
 
 CAPTURE_DIRS = [
     (_foreign, "holds the capture of backend 'sm_nope'"),
+    (lambda t: _foreign(t) / "sub", "inside the golden capture"),
     (_cluttered, "holds files and no manifest.json; a capture needs a new or empty folder"),
     (_a_file, "is not a directory"),
     (lambda t: _a_file(t) / "sub", "is not a directory"),
 ]
 
 
-@pytest.mark.parametrize("make,says", CAPTURE_DIRS, ids=["foreign", "cluttered", "a file", "under a file"])
+@pytest.mark.parametrize("make,says", CAPTURE_DIRS, ids=["foreign", "inside a capture", "cluttered", "a file",
+                                                         "under a file"])
 def test_capture_into_a_folder_it_must_not_write_is_refused(make, says, tmp_path, capsys, no_work):
     d = make(tmp_path)
     before = {f.name: f.read_bytes() for f in d.iterdir()} if d.is_dir() else None

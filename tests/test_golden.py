@@ -294,6 +294,28 @@ def test_model_capture_with_a_runner(tmp_path, monkeypatch):
     assert any(r[1] == "error" and "weight differs" in r[2] for r in golden_model.verify_model(tmp_path, DEVICE))
 
 
+@pytest.mark.parametrize("fault", ["y changed", "x cut short"])
+def test_model_capture_holding_other_or_partial_tensors_is_integrity(fault, tmp_path, monkeypatch):
+    """A model capture whose file is re-signed after a y was changed, or an x cut to part of
+    its row: verify_model says the capture is not what was recorded, not 'identical' or a diff."""
+    from safetensors.torch import load_file, save_file
+    monkeypatch.setitem(sys.modules, golden_model.RUNNER, _fake_runner())
+    man = golden_model.capture_model(tmp_path, DEVICE, positions=(2,), log=lambda s: None)
+    key = man["records"][0]["key"]
+    t = load_file(str(tmp_path / "model.safetensors"))
+    if fault == "y changed":
+        t[key + "/y"].view(torch.int16)[0, -1] += 1
+    else:
+        t[key + "/x"] = t[key + "/x"][:, : t[key + "/x"].shape[1] // 2].contiguous()
+    save_file(t, str(tmp_path / "model.safetensors"))
+    man["files"]["model.safetensors"] = golden.sha256_file(tmp_path / "model.safetensors")
+    (tmp_path / golden.MANIFEST).write_text(json.dumps(man))
+    res = {k: (st, d) for k, st, d in golden_model.verify_model(tmp_path, DEVICE)}
+    st, detail = res[key]
+    assert st == "integrity", res[key]
+    assert ("does not match the recorded sha256" if fault == "y changed" else "are not a whole call") in detail
+
+
 def test_committed_model_capture():
     """The real thing: the committed capture of this backend's GSM8K model projections, re-run."""
     import importlib.util
