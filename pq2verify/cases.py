@@ -115,6 +115,8 @@ class Case:
             raise bad(f"layout {layout!r}: path {path} has layouts {', '.join(p.layouts)}")
         if kind not in ACTIVATION_KINDS:
             raise bad(f"input kind {kind!r}: expected one of {', '.join(ACTIVATION_KINDS)}")
+        if not 0 <= seed < 2 ** 63:     # torch and numpy generators take no negative or wider seed
+            raise bad(f"seed {seed}: expected 0 <= seed < 2**63")
         if n < 1 or k < 1 or not p.serves(m):
             raise bad(f"N, K must be >= 1 and path {path} serves M {p.m_range()}; got {n}x{k}, M={m}")
         sizes = shape_sizes()

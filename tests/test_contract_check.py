@@ -398,10 +398,13 @@ def test_memory_that_runs_out_is_not_a_kernel_failure(where, says, tmp_path, cap
     ("gemv:zz=200x640:m1:bf16:raw:normal:seed1", "shape label 'zz' is not a shape of the suite"),
     ("native:gate=34816x5120:m1:bf16:raw:normal:seed1", "shape label 'gate' is not a shape of the suite"),
     ("native:ga=64x255:m1:bf16:raw:normal:seed1", "shape 'ga' is 64x256 or 2048x2048, not 64x255"),
+    ("native:t=8x128:m1:bf16:raw:normal:seed-1", "seed -1: expected 0 <= seed < 2**63"),
+    (f"native:t=8x128:m1:bf16:raw:normal:seed{2 ** 64}", f"seed {2 ** 64}: expected 0 <= seed < 2**63"),
 ])
-def test_an_unknown_shape_label_is_refused(spec, says, capsys, no_work):
-    with pytest.raises(ValueError, match=says):
+def test_a_case_id_that_cannot_run_as_written_is_refused(spec, says, capsys, no_work):
+    with pytest.raises(ValueError) as e:
         cases.Case.parse(spec)
+    assert says in str(e.value)
     rc, _, err = _main(capsys, "check", "--case", spec)
     assert rc == 2 and says in err, err
 
