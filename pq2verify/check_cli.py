@@ -278,8 +278,8 @@ def load(fn: str) -> dict:
     sel = d.get("selection")
     if sel is not None:
         shard = sel.get("shard")
-        good = (isinstance(sel.get("total"), int) and isinstance(sel.get("fingerprint"), str)
-                and isinstance(sel.get("cases"), int)
+        ints = all(isinstance(sel.get(k), int) and not isinstance(sel.get(k), bool) for k in ("total", "cases"))
+        good = (ints and isinstance(sel.get("fingerprint"), str) and 0 <= sel["cases"] <= sel["total"]
                 and (shard is None or (isinstance(shard, list) and len(shard) == 2
                                        and all(isinstance(v, int) for v in shard) and 1 <= shard[0] <= shard[1])))
         if not good:

@@ -219,6 +219,10 @@ def _row(case_id: str, **over) -> dict:
     ({"ok": False, "failures": []}, "'ok' is false but it lists 0 failure(s)"),
     ('{"cases": [1], "provenance": {}}', "case 1: not an object"),
     ('{"cases": [], "provenance": {}, "complete": "yes"}', "'complete' is \"yes\", expected true/false"),
+    ('{"cases": [], "provenance": {}, "selection": {"total": 1, "cases": 2, "fingerprint": "f", "shard": null}}',
+     "'selection' is"),
+    ('{"cases": [], "provenance": {}, "selection": {"total": 4, "cases": 2, "fingerprint": "f", "shard": [3, 2]}}',
+     "expected total, fingerprint, cases and shard [I, N] or null"),
 ], ids=lambda v: (v if isinstance(v, str) else json.dumps(v, default=repr))[:40])
 def test_render_of_a_file_it_cannot_read_names_it(content, says, tmp_path, capsys):
     f = tmp_path / "r.json"
