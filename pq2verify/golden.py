@@ -17,8 +17,10 @@ before cannot make a comparison compare a tensor with itself), and compares the 
 the capture's whole tensor (a stored tensor that is not the case's full shape is an integrity
 failure); it also fails every case the code expects for the backend (cases(key)) that the capture
 lacks or refused, every case whose stored bytes do not match their sha256, a folder holding files
-its manifest does not list, and a capture of another backend than the one running. A missing capture raises NoCapture: a failure for a backend in
-COMMITTED (the capture is in git), reported with how to capture; a file whose hash does not
+its manifest does not list, and a capture of another backend than the one running (the bits class
+is the code's, from the registry entry and the running backend; a manifest's record of it that
+disagrees is a failure, never a looser comparison). A missing capture raises NoCapture: a failure
+for a backend in COMMITTED (the capture is in git), reported with how to capture; a file whose hash does not
 match the manifest raises GoldenIntegrityError naming the cases it holds (an error, never a
 pass); a kernel whose source changed while its output still matches is reported as 'source
 changed, output identical'.
@@ -806,8 +808,9 @@ def verify_entry(g: Golden, ins: "_Inputs", e: dict, device, *, kernel=None) -> 
     else:
         status, detail = compare(y, want)
     if not same_bits(y, y2):
-        rerun = "a rerun gave other bytes (not deterministic): " + compare(y2, y)[1].replace("vs captured", "vs the first run")
-        status, detail = "different", f"{detail}; {rerun}" if detail and status == "different" else rerun
+        rerun = ("a rerun gave other bytes (not deterministic): "
+                 + compare(y2, y)[1].replace("vs captured", "vs the first run"))
+        status, detail = "different", (f"{detail}; {rerun}" if detail and status == "different" else rerun)
     conflict = bits_conflict(g, p)
     if conflict:
         status, detail = ("integrity", conflict) if status in ("identical", "within bound") else \
@@ -830,8 +833,10 @@ def bits_conflict(g: Golden, p: registry.Path) -> str:
 
 def missing(g: Golden, paths=None, ids=None) -> list[Outcome]:
     """A 'missing' outcome for every case the code expects on the capture's backend (cases(key))
-    that the capture does not hold: a manifest with cases dropped never passes."""
-    key = g.manifest["backend_key"]
+    that the capture does not hold: a manifest with cases dropped never passes. The expected
+    set is the running backend's (a capture of another one is refused)."""
+    check_backend(g)
+    key = backend.golden_key()
     have = {e["id"] for e in g.manifest["cases"]}
     refused = {r["id"]: r["why"] for r in g.manifest.get("refused", [])}
     out = []

@@ -193,16 +193,18 @@ def _capture(dest, key, names_, device, args) -> int:
         man = golden.capture(dest, todo, device, force=args.force,
                              log=_progress)
     except golden.GoldenIntegrityError as e:
-        print(f"\nERROR: the existing capture is broken, not merging into it: {e}", file=sys.stderr)
+        print(f"\nERROR: the existing capture is broken, not merging into it: {e}\n"
+              f"  reproduce: {_verify_repro(key, dest)}", file=sys.stderr)
         return 1
     print(file=sys.stderr)
     size = sum(f.stat().st_size for f in dest.iterdir() if f.is_file())
     captured = sorted({e["path"] for e in man["cases"]})
     print(f"captured: {len(man['cases'])} cases of {', '.join(captured) or 'no path'}; {size / 1e6:.2f} MB in {dest}")
     for r in man["refused"]:
-        print(f"REFUSED {r['id']}: {r['why']}  (fix the kernel, or --force to capture anyway)")
+        print(f"REFUSED {r['id']}: {r['why']}  (fix the kernel, or --force to capture anyway)\n"
+              f"  reproduce: {golden.capture_hint(key, [r['id'].split(':', 1)[0]], dest)}")
     for m in missing:
-        print(f"MISSING kernel {m}: not captured")
+        print(f"MISSING kernel {m}: not captured\n  reproduce: {golden.capture_hint(key, [m.split()[0]], dest)}")
     return 1 if man["refused"] or missing or not man["cases"] else 0
 
 
@@ -261,7 +263,8 @@ def _verify(dest, names_, device, args, key) -> int:
     unknown = [i for i in args.case if i not in known]
     if unknown:
         anywhere = known_ids(g, key, [p.name for p in golden.select_paths()])
-        why = "outside the selected paths" if unknown[0] in anywhere else f"not a golden case of backend {key} (captured or expected)"
+        why = ("outside the selected paths" if unknown[0] in anywhere
+               else f"not a golden case of backend {key} (captured or expected)")
         raise UsageError(f"--case {unknown[0]!r}: {why}; ./pq2 --list-cases golden prints the ids")
     outcomes = golden.verify(g, device, paths=names_, ids=args.case or None)
     table = Table(title=f"golden {dest} (captured {g.manifest.get('date', '?')} on {g.manifest.get('backend', '?')}, "
@@ -289,8 +292,8 @@ def _verify(dest, names_, device, args, key) -> int:
                           soft_wrap=True)
     for o in outcomes:
         if not o.ok:
-            console.print(f"[red]FAIL[/] {escape(o.message())}\n  reproduce: {escape(golden.repro(key, o.case.id, dest))}",
-                          soft_wrap=True)
+            console.print(f"[red]FAIL[/] {escape(o.message())}\n"
+                          f"  reproduce: {escape(golden.repro(key, o.case.id, dest))}", soft_wrap=True)
     n_bad = sum(not o.ok for o in outcomes)
     if not outcomes:
         console.print("[bold]FAIL[/]: no golden case was verified (nothing captured or expected for this selection)")

@@ -305,3 +305,19 @@ def test_every_failure_line_has_a_reproduction_that_works_from_the_checkout(capt
     r = subprocess.run(shlex.split(lines[0]), cwd=provenance.ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and f"FAIL {cid}: different" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert "FAIL: 0 of 1 golden cases" in r.stdout
+
+
+def test_a_refused_capture_fails_with_its_reproduction(tmp_path, capsys, monkeypatch):
+    from pq2verify import registry
+
+    def broken(self):
+        def run(x, w, *, out=None, dots=None):
+            raise NotImplementedError("not here")
+        return run
+    monkeypatch.setattr(registry.Path, "kernel", broken)
+    monkeypatch.setattr(golden_cli, "_importable", lambda names: (list(names), []))
+    d = tmp_path / KEY
+    rc, out, err = _cli(capsys, "capture", "--paths", "single", "--dir", str(d))
+    assert rc == 1 and "REFUSED single:" in out and "raised NotImplementedError: not here" in out
+    assert f"reproduce: ./pq2 --device {DEV} golden capture --paths single --dir {d}" in out
+    assert "captured: 0 cases of no path" in out
