@@ -9,8 +9,13 @@ tolerances): relative RMS against the path's FP64 references, the per-element bo
 |y - Y| <= F + spacing(|Y| + F) / 2 (registry.FOLD_UNIT), integer group dots equal to the exact
 ones, and A's dots equal to B's where both write them. And its error must be unbiased (BIAS_WHY).
 
+A and B must compare two different things: dispatch's choice for each call (resolve_paths) is
+decided before the run and must differ between them in path or fold order, and the dispatch
+trace of every call must show it.
+
 Faults (`FAULTS`) are B-side variants that wrap the weight or the call's output, never the
-kernels; `fold_reversed` is the control: the same arithmetic in another valid FP32 order.
+kernels, each directed one planted both ways; `fold_reversed` is the control: the same
+arithmetic in another valid FP32 order, void (a failure) where it equals A.
 """
 import math
 import re
@@ -454,10 +459,10 @@ def describe_plan(plan) -> str:
     if plan is None:
         return "undeclared"
     lanes = {len(s) for s in plan}
-    groups = [g for s in plan for lane in s for g in lane]
-    order = "descending" if groups == sorted(groups, reverse=True) and len(groups) > 1 else "ascending"
-    return (f"{len(plan)} split(s) x {'/'.join(map(str, sorted(lanes)))} lane(s), "
-            f"{len(groups)} groups {order}")
+    runs = [lane for s in plan for lane in s if len(lane) > 1]
+    order = "descending" if runs and all(r == sorted(r, reverse=True) for r in runs) else "ascending"
+    n = sum(len(lane) for s in plan for lane in s)
+    return f"{len(plan)} split(s) x {'/'.join(map(str, sorted(lanes)))} lane(s), {n} groups {order}"
 
 
 def same_thing(calls, weights, paths_a, paths_b, key: str) -> list[dict]:

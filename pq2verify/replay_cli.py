@@ -112,6 +112,10 @@ def main(args) -> int:
         except ValueError as e:
             raise UsageError(f"--{opt}: {e}") from None
     spec_a, spec_b = specs
+    if spec_a == spec_b:          # decided without the capture: every call resolves alike
+        raise UsageError(f"--a {args.a} and --b {args.b} are the same kernel spec: they resolve to the same path "
+                         "and fold order on every call, and an A/B must compare two different things; choose an "
+                         "--a and --b that dispatch to different paths")
     from .golden_model import ModelRunnerMissing
     opt = "--faults" if args.faults is not None else "--fault"
     try:
