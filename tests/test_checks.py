@@ -1,6 +1,5 @@
 """The check engine itself: each check fails on a deliberately broken kernel, with a message
 that carries the one-line reproduction, and the CLI exits non-zero."""
-import json
 import importlib
 from dataclasses import replace
 
