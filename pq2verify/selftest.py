@@ -641,7 +641,8 @@ def markdown(verdicts: list[Verdict]) -> str:
     out += ["", "Faults:", ""] + [f"- `{f}`: {BY_NAME[f].what}" for f in faults]
     bad = [v for v in verdicts if not v.ok]
     if bad:
-        out += ["", "Not caught, or a control flagged:", ""] + [f"- {v.fault} x {v.path}: {v.cell()}; reproduce: `{v.repro}`" for v in bad]
+        out += ["", "Not caught, or a control flagged:", ""] + [
+            f"- {v.fault} x {v.path}: {v.cell()}; reproduce: `{v.repro}`" for v in bad]
     return "\n".join(out) + "\n"
 
 

@@ -11,7 +11,6 @@ references here)."""
 import functools
 import math
 import statistics
-from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -637,7 +636,8 @@ def test_replay_element_bound_at_its_edge(dt):
     d = replay_data(dt)
     for window in (LO, HI):
         y, ratio, _, _ = element_plant(d, window, "half")
-        worst = float((np.abs(y.double().numpy() - d["Y"]) / element_bound("integer", 256, d["S"], d["Y"], dt)[0]).max())
+        bound = element_bound("integer", 256, d["S"], d["Y"], dt)[0]
+        worst = float((np.abs(y.double().numpy() - d["Y"]) / bound).max())
         r = side(d, y)
         assert r["elem_ratio"] == pytest.approx(worst, rel=1e-9)
         assert any("per-element bound" in f for f in r["failures"]) == (window is HI), r["failures"]
@@ -721,7 +721,8 @@ def test_replay_bias_threshold_at_its_edge(dt, stat, sign):
         flagged = any(f.startswith("B") and "biased" in f and stat in f for f in row["failures"])
         pooled = [f for f in res["kinds"][d["call"].kind]["failures"] if f.startswith("B") and stat in f]
         assert flagged == bool(pooled) == (window is HI), (
-            f"{dt} {stat} at {t / z:.3f}x of z={z:.3f}: {row['failures']} {pooled}; reproduce: {HERE} -k 'bias and {dt}'")
+            f"{dt} {stat} at {t / z:.3f}x of z={z:.3f}: {row['failures']} {pooled}; "
+            f"reproduce: {HERE} -k 'bias and {dt}'")
 
 
 def test_replay_bias_threshold_loosened_lets_the_plant_pass(monkeypatch):
@@ -775,7 +776,8 @@ def test_gsm8k_sign_test_at_its_edge(window, want):
     n, up, ratio = sign_plant(window)
     v = floor.verdict(*sign_records(n, up))
     assert v["p"] == pytest.approx(ratio * 0.01, rel=1e-12) and v["ties"] == 3
-    assert v["verdict"] == want, f"n={n} up={up} p={v['p']:.4g} ({ratio:.3f}x alpha): {v}; reproduce: {HERE} -k sign_test"
+    assert v["verdict"] == want, (f"n={n} up={up} p={v['p']:.4g} ({ratio:.3f}x alpha): {v}; "
+                                  f"reproduce: {HERE} -k sign_test")
 
 
 @pytest.mark.parametrize("factor", [2, 4])

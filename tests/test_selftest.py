@@ -177,7 +177,8 @@ def test_rms_edge_faults_land_at_their_bound(name, fault, which, lo, hi, device)
         Q = inp.reference("quantized")
         assert np.linalg.norm(Q - R) / np.linalg.norm(R) + (u + 1e-5) * np.linalg.norm(Q) / np.linalg.norm(R) < tol
     got = float(np.linalg.norm(y - R) / np.linalg.norm(R)) / tol
-    assert lo <= got <= hi, f"{fault} on {name} landed at {got:.3f}x; reproduce: {selftest.REPRO.format(device=device, path=name, fault=fault)}"
+    assert lo <= got <= hi, (f"{fault} on {name} landed at {got:.3f}x; "
+                             f"reproduce: {selftest.REPRO.format(device=device, path=name, fault=fault)}")
 
 
 @pytest.mark.parametrize("name", ["int_gemv", "native"])
