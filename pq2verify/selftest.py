@@ -572,6 +572,9 @@ def try_fault(ctx: Context, fault: Fault) -> Verdict:
         v.reason = "no check failed" if fired else "never injected: no check made the call this fault needs"
         if ctx.no_golden:
             v.reason += f" ({ctx.no_golden})"
+        if fault.name == "as_counterpart" and p.arithmetic == "integer" and dev != "cpu":
+            v.reason += ("; the declared-fold check runs on the interpreter only (a GPU compiler may contract "
+                         "the fold into an FMA, the emulation never does)")
         if fault.name == "as_counterpart" and p.arithmetic == "floating" and dev == "cpu":
             v.reason += ("; no check can see it here: the interpreter runs a floating path's dot as the CPU's "
                          "BLAS, so no emulation gives its declared fold bit for bit, and golden compares a "
