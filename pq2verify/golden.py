@@ -517,6 +517,7 @@ def load(d: Path, kind: str | None = None) -> Golden:
         fmt = man.get("format") if isinstance(man, dict) else None
         raise GoldenIntegrityError(f"{f}: format {fmt!r}, this pq2verify reads formats "
                                    f"{', '.join(map(str, READABLE))}")
+    _check_schema(man, f)
     for name, want in sorted(man.get("files", {}).items()):
         p = d / name
         if not p.exists():
@@ -534,6 +535,31 @@ def load(d: Path, kind: str | None = None) -> Golden:
         if e["file"] not in man["files"]:
             raise GoldenIntegrityError(f"{f}: case {e['id']} names {e['file']}, which the manifest does not list")
     return Golden(d, man)
+
+
+_CASE_FIELDS = ("id", "file", "x", "weight", "y_sha256", *checks.Case.__dataclass_fields__)
+
+
+def _check_schema(man: dict, f: Path) -> None:
+    """The fields the code reads, each of its type: a manifest without them is damaged, said so,
+    never a KeyError later."""
+    model = man.get("kind") == "model"
+    need = {"backend_key": str, "files": dict, "cases": list, **({"records": list} if model else
+                                                                {"paths": dict, "weights": dict})}
+    for k, t in need.items():
+        if not isinstance(man.get(k), t):
+            raise GoldenIntegrityError(f"{f}: no {k!r} ({t.__name__}) in the manifest; it is damaged: recapture")
+    for i, e in enumerate(man["cases"]):
+        gone = [k for k in _CASE_FIELDS if not isinstance(e, dict) or k not in e]
+        if gone:
+            label = e.get("id", "?") if isinstance(e, dict) else repr(e)
+            raise GoldenIntegrityError(f"{f}: case {i} ({label}) lacks {', '.join(gone)}; the manifest is damaged: "
+                                       "recapture")
+    for i, r in enumerate(man.get("records", [])):
+        gone = [k for k in ("key", "layer", "position", "path", "weight_sha256", "y_sha256")
+                if not isinstance(r, dict) or k not in r]
+        if gone:
+            raise GoldenIntegrityError(f"{f}: record {i} lacks {', '.join(gone)}; the manifest is damaged: recapture")
 
 
 def unlisted(d: Path, man: dict) -> list[str]:

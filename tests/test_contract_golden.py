@@ -321,3 +321,26 @@ def test_a_refused_capture_fails_with_its_reproduction(tmp_path, capsys, monkeyp
     assert rc == 1 and "REFUSED single:" in out and "raised NotImplementedError: not here" in out
     assert f"reproduce: ./pq2 --device {DEV} golden capture --paths single --dir {d}" in out
     assert "captured: 0 cases of no path" in out
+
+
+# --- a damaged manifest is an integrity error naming what is wrong, never a traceback -------------
+MANIFESTS = [
+    ("[1]", "format None, this pq2verify reads formats"),
+    ("not json", "not valid JSON"),
+    ('{"format": 2}', "no 'backend_key' (str) in the manifest"),
+    ('{"format": 2, "backend_key": "K"}', "no 'files' (dict) in the manifest"),
+    ('{"format": 2, "backend_key": "K", "files": {}, "cases": [], "paths": {}}', "no 'weights' (dict)"),
+    ('{"format": 2, "backend_key": "K", "files": {}, "paths": {}, "weights": {}, "cases": [{"id": "x"}]}',
+     "case 0 (x) lacks file, x, weight, y_sha256, path"),
+    ('{"format": 2, "backend_key": "K", "files": {}, "paths": {}, "weights": {}, "cases": [3]}', "case 0 (3) lacks"),
+]
+
+
+@pytest.mark.parametrize("text,says", MANIFESTS, ids=[t[:40] for t, _ in MANIFESTS])
+def test_a_damaged_manifest_is_an_integrity_error(text, says, tmp_path, capsys):
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / golden.MANIFEST).write_text(text.replace('"K"', json.dumps(KEY)))
+    rc, out, err = _cli(capsys, "verify", "--dir", str(d))
+    assert rc == 1 and "ERROR (integrity)" in out and says in out, out + err
+    assert "Traceback" not in out + err and f"reproduce: ./pq2 --device {DEV} golden verify --dir {d}" in out

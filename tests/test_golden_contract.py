@@ -611,6 +611,7 @@ def test_a_case_capture_may_hold_its_model_capture_folder(tiny, tmp_path):
     (d / "model").mkdir()
     assert golden.load(d).manifest["cases"]
     (d / "model" / "stray.bin").write_text("x")
-    (d / "model" / golden.MANIFEST).write_text(json.dumps({"format": 2, "kind": "model", "files": {}, "cases": []}))
+    (d / "model" / golden.MANIFEST).write_text(json.dumps({"format": 2, "kind": "model", "backend_key": KEY,
+                                                           "files": {}, "cases": [], "records": []}))
     with pytest.raises(golden.GoldenIntegrityError, match="does not list: stray.bin"):
         golden.load(d / "model")
