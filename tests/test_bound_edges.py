@@ -596,45 +596,49 @@ def test_golden_bound_never_passes_a_non_finite_value(value):
 
 # --- replay: side_metrics' bounds and the signed-bias test ---------------------------------
 @functools.lru_cache(maxsize=None)
-def replay_data(dt):
+def replay_data(dt, arith="integer"):
+    """One captured-like call (M = 1, N = 2048, K = 256) of a PQ2 weight, its References, and
+    the real output of int_gemv (integer) or native (floating)."""
     from pq2verify import inputs
     w = inputs.ternary_weight(2048, 256, 5, "cpu", "prepared")
     x = inputs.activations(1, 256, 6, "normal", DT[dt], "cpu")
     layer = "model.layers.0.mlp.down_proj"
     call = replay.Call(f"{layer}/1", layer, replay.kind_of(layer), 1, x)
     refs = replay.References([call], {layer: w})
-    p = registry.get("int_gemv")
+    p = registry.get(PATHS[arith])
     y0 = p.kernel()(x, w, out=torch.empty(1, 2048, dtype=DT[dt]))
     Q, D = refs.get(call, "quantized"), refs.get(call, "dense")
-    c = cases.Case("int_gemv", "r", 2048, 256, 1, dt, "prepared")
-    return dict(p=p, c=c, call=call, refs=refs, y0=y0, Q=Q, D=D, Y=Q, S=abs_sum(p, x, w), arith="integer")
+    c = cases.Case(p.name, "r", 2048, 256, 1, dt, "prepared")
+    return dict(p=p, c=c, call=call, refs=refs, y0=y0, Q=Q, D=D, Y=Q if arith == "integer" else D,
+                S=abs_sum(p, x, w), arith=arith)
 
 
-def side(d, y, path="int_gemv"):
-    return replay.side_metrics(d["call"], replay.Out(path, y, None), d["refs"])
+def side(d, y):
+    return replay.side_metrics(d["call"], replay.Out(d["p"].name, y, None), d["refs"])
 
 
-@pytest.mark.parametrize("dt", DT)
-@pytest.mark.parametrize("which", ["quantized", "dense"])
-def test_replay_relative_rms_at_its_edge(dt, which):
-    d = replay_data(dt)
+@pytest.mark.parametrize("arith, dt, which", [(a, t, w) for a, t in ARITH_DT for w in ("quantized", "dense")
+                                              if (a, w) != ("floating", "quantized")])
+def test_replay_relative_rms_at_its_edge(arith, dt, which):
+    d = replay_data(dt, arith)
     R = d["Q"] if which == "quantized" else d["D"]
-    tol = tol_quantized(dt) if which == "quantized" else tol_dense("integer", dt, d["Q"], d["D"])
+    tol = tol_quantized(dt) if which == "quantized" else tol_dense(arith, dt, d["Q"], d["D"])
     for (a, b), seed in ((LO, 5), (HI, 6)):
         y, got = rms_plant(d, R, (a + b) / 2 * tol, seed)
         assert a <= got / tol <= b
         r = side(d, y)
         assert r[f"tol_{which}"] == pytest.approx(tol, rel=1e-12)
         assert any(f"relative RMS vs {which}" in f for f in r["failures"]) == (a > 1), (
-            f"replay {dt} plant {got / tol:.3f}x: {r['failures']}; reproduce: {HERE} -k 'replay_relative and {dt}'")
+            f"replay {arith} {dt} plant {got / tol:.3f}x: {r['failures']}; reproduce: {HERE} -k 'replay_relative'")
 
 
+@pytest.mark.parametrize("arith, part", [("integer", "half"), ("floating", "fold")])
 @pytest.mark.parametrize("dt", DT)
-def test_replay_element_bound_at_its_edge(dt):
-    d = replay_data(dt)
+def test_replay_element_bound_at_its_edge(arith, part, dt):
+    d = replay_data(dt, arith)
     for window in (LO, HI):
-        y, ratio, _, _ = element_plant(d, window, "half")
-        bound = element_bound("integer", 256, d["S"], d["Y"], dt)[0]
+        y, ratio, _, _ = element_plant(d, window, part)
+        bound = element_bound(arith, 256, d["S"], d["Y"], dt)[0]
         worst = float((np.abs(y.double().numpy() - d["Y"]) / bound).max())
         r = side(d, y)
         assert r["elem_ratio"] == pytest.approx(worst, rel=1e-9)
@@ -650,6 +654,20 @@ def test_replay_never_passes_a_non_finite_output(value):
     for what in ("relative RMS vs quantized", "relative RMS vs dense", "per-element bound"):
         assert any(what in f for f in r["failures"]), (what, r["failures"])
     assert not abs(r["t_scale"]) <= 1e300 and not abs(r["t_offset"]) <= 1e300
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_replay_loosened_bounds_let_the_plants_pass(factor, monkeypatch):
+    d = replay_data("bf16")
+    y_rms, _ = rms_plant(d, d["Q"], 1.1 * tol_quantized("bf16"), 6)
+    y_el = element_plant(d, HI, "half")[0]
+    assert any("relative RMS vs quantized" in f for f in side(d, y_rms)["failures"])
+    assert any("per-element bound" in f for f in side(d, y_el)["failures"])
+    _scaled(monkeypatch, registry, "UNIT_ROUNDOFF", factor)
+    real = metrics.spacing
+    monkeypatch.setattr(metrics, "spacing", lambda v, dtype: real(v, dtype) * factor)
+    assert not any("relative RMS vs quantized" in f for f in side(d, y_rms)["failures"])
+    assert not any("per-element bound" in f for f in side(d, y_el)["failures"])
 
 
 def test_replay_a_nan_bound_is_outside(monkeypatch):
