@@ -127,6 +127,14 @@ def _capture_target(d: Path, key: str, model: bool) -> None:
         if there != key:
             raise UsageError(f"--dir {d}: holds the capture of backend {there!r}; this run is on {key!r}, and "
                              "merging would mix two backends' bits; choose another folder")
+    elif model and d.name == "model" and (d.parent / golden.MANIFEST).is_file():
+        try:
+            there = json.loads((d.parent / golden.MANIFEST).read_text()).get("backend_key")
+        except (json.JSONDecodeError, AttributeError):
+            there = None
+        if there != key:
+            raise UsageError(f"--dir {d.parent}: holds the capture of backend {there!r}; this run is on {key!r}, "
+                             "and its model/ must be that backend's; choose another folder")
     elif d.is_dir() and any(d.iterdir()):
         raise UsageError(f"--dir {d}: holds files and no {golden.MANIFEST}; a capture needs a new or empty folder")
 
@@ -259,6 +267,8 @@ def _verify(dest, names_, device, args, key) -> int:
     g, rc = _load(dest, args, key, "cases", lambda m: console.print(escape(m), soft_wrap=True))
     if g is None:
         return rc
+    if g.manifest.get("kind") == "model":
+        raise UsageError(f"--dir {dest}: holds a model capture; verify it with --model --dir {Path(dest).parent}")
     known = known_ids(g, key, names_)
     unknown = [i for i in args.case if i not in known]
     if unknown:
@@ -338,6 +348,8 @@ def _verify_model(dest, device, args, key) -> int:
     g, rc = _load(dest, args, key, "model", print)
     if g is None:
         return rc
+    if g.manifest.get("kind") != "model":
+        raise UsageError(f"--dir: {dest} holds a capture of cases, not of the model; verify it without --model")
     res = golden_model.verify_model(dest, device)
     bad = [r for r in res if r[1] != "identical"]
     for k, status, detail in bad:

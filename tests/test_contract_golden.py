@@ -344,3 +344,20 @@ def test_a_damaged_manifest_is_an_integrity_error(text, says, tmp_path, capsys):
     rc, out, err = _cli(capsys, "verify", "--dir", str(d))
     assert rc == 1 and "ERROR (integrity)" in out and says in out, out + err
     assert "Traceback" not in out + err and f"reproduce: ./pq2 --device {DEV} golden verify --dir {d}" in out
+
+
+def _model_manifest(d):
+    d.mkdir(parents=True)
+    (d / golden.MANIFEST).write_text(json.dumps({"format": 2, "kind": "model", "backend_key": KEY, "files": {},
+                                                 "cases": [], "records": []}))
+
+
+def test_a_capture_of_the_other_kind_is_refused(capture, tmp_path, capsys, no_work):
+    _model_manifest(tmp_path / "m" / "model")
+    rc, out, err = _cli(capsys, "verify", "--dir", str(tmp_path / "m" / "model"))
+    assert rc == 2 and f"holds a model capture; verify it with --model --dir {tmp_path / 'm'}" in err, out + err
+    shutil.copytree(capture, tmp_path / "c" / "model")
+    rc, out, err = _cli(capsys, "verify", "--model", "--dir", str(tmp_path / "c"))
+    assert rc == 2 and "holds a capture of cases, not of the model" in err, out + err
+    rc, out, err = _cli(capsys, "capture", "--model", "--dir", str(_foreign(tmp_path)))
+    assert rc == 2 and "its model/ must be that backend's" in err, out + err
