@@ -226,6 +226,7 @@ def test_an_unreachable_verdict_is_said_everywhere_and_never_green(limit, plant,
     ("out/report.md", "inside the folder of --out"),
     ("data.jsonl", "is the input --data"),
     ("", "--html: empty path"),
+    ("data-dir", "--data {tmp}: is a folder"),
 ])
 def test_html_on_a_file_the_run_writes_or_reads_is_refused(where, says, tmp_path, capsys, no_run):
     (tmp_path / "out").mkdir()
@@ -233,9 +234,12 @@ def test_html_on_a_file_the_run_writes_or_reads_is_refused(where, says, tmp_path
     data = tmp_path / "data.jsonl"
     data.write_text('{"question": "q", "answer": "#### 1"}\n')
     html = str(tmp_path / where) if where else ""
+    if where == "data-dir":                   # the data a folder: said as such, before the collision
+        data, html = tmp_path, str(tmp_path.parent / "page.html")
     rc, _, err = gsm8k(capsys, "--out", tmp_path / "out", "--data", data, "--html", html)
-    assert rc == 2 and says in err, err
-    assert (tmp_path / "out" / "report.json").read_text() == "{}" and data.read_text().startswith('{"question"')
+    assert rc == 2 and says.format(tmp=tmp_path) in err, err
+    assert (tmp_path / "out" / "report.json").read_text() == "{}"
+    assert (tmp_path / "data.jsonl").read_text().startswith('{"question"')
 
 
 REC = {"prompt_hash": "h", "tokens": [1], "topk": [[[1, -0.1]]], "text": "t", "stop": None, "gold": "1",
@@ -363,6 +367,9 @@ def test_a_write_that_fails_after_the_run_keeps_the_verdict_and_the_other_report
     (["--near-tie", "x"], "argument --near-tie: expected a finite number"),
     (["--digits", "60"], "argument --digits: 60 is outside 1..15"),
     (["--digits", "16"], "argument --digits: 16 is outside 1..15"),
+    (["--out", ""], "argument --out: expected a value"),            # once: the default folder, 128 questions
+    (["--model", ""], "argument --model: expected a value"),
+    (["--data", ""], "argument --data: expected a value"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_values_are_usage_errors_naming_the_option(argv, says, capsys, no_run):
     rc, _, err = gsm8k(capsys, *argv)
@@ -383,7 +390,11 @@ def test_the_digit_limit_is_where_float32_stops_being_exact():
 @pytest.mark.parametrize("argv,says", [
     (["--ids", "5000"], "--ids: [5000] outside the test split's 0..1318"),
     (["--shots", "8000"], "--shots 8000: the train split has 7473 questions"),
-])
+    (["--ids", "0-99999999999"], "--ids: [99999999999] outside the test split's 0..1318"),   # no list of 1e11
+    (["--a", ""], "--a: kernel spec is empty"),
+    (["--b", ","], "--b: kernel spec is empty"),
+    (["--b", "tuned,single=on,single=off"], "--b: kernel spec 'tuned,single=on,single=off': single given twice"),
+], ids=["ids-beyond", "shots-beyond", "ids-huge-range", "a-empty", "b-comma", "b-twice"])
 def test_selections_beyond_the_data_are_refused_before_the_model_loads(argv, says, tiny_model, tmp_path,  # noqa: F811
                                                                        capsys, no_model):
     rc, _, err = gsm8k(capsys, "--model", tiny_model, "--out", tmp_path, *SMALL, *argv)
@@ -393,7 +404,7 @@ def test_selections_beyond_the_data_are_refused_before_the_model_loads(argv, say
 @pytest.mark.parametrize("argv,says", [
     (["--top-k", "500"], "--top-k 500: above the model's vocabulary of 400 tokens"),
     (["--shots", "100"], "beyond the model's context of 4096 tokens; at most"),
-    (["--shots", "2", "--max-new-tokens", "5000"], "even 0 shots do not fit: lower --max-new-tokens"),
+    (["--shots", "2", "--max-new-tokens", "5000"], "--max-new-tokens 5000: the longest prompt"),
 ], ids=["top-k-vocab", "shots-context", "max-new-context"])
 def test_limits_of_the_model_are_refused_before_any_generation(argv, says, tiny_model, tmp_path, capsys,  # noqa: F811
                                                                no_generation):

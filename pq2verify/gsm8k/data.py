@@ -139,10 +139,11 @@ def parse_ids(spec: str, n: int) -> list[int]:
     out = []
     for part in spec.split(","):
         a, sep, b = part.strip().partition("-")
-        out.extend(range(int(a), int(b) + 1) if sep else [int(a)])
-    bad = [i for i in out if not 0 <= i < n]
-    if bad:
-        raise ValueError(f"--ids: {bad[:5]} outside the test split's 0..{n - 1}")
+        lo, hi = int(a), int(b) if sep else int(a)
+        if hi >= n:          # before the range is expanded: 0-99999999999 must not fill the memory
+            bad = [lo] if lo >= n else [hi]
+            raise ValueError(f"--ids: {bad} outside the test split's 0..{n - 1}")
+        out.extend(range(lo, hi + 1))
     return sorted(set(out))
 
 

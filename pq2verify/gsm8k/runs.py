@@ -41,6 +41,8 @@ def parse_spec(spec: str) -> dict:
             raise ValueError(f"kernel spec {spec!r}: unknown path {name!r}; known: {', '.join(registry.BY_NAME)}")
         if val not in ON + OFF:
             raise ValueError(f"kernel spec {spec!r}: {name}={val!r}, expected on or off")
+        if name in paths:
+            raise ValueError(f"kernel spec {spec!r}: {name} given twice")
         paths[name] = "on" if val in ON else "off"
     return {"set": kset, "paths": dict(sorted(paths.items()))}
 
