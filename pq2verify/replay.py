@@ -612,8 +612,9 @@ def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None
     if fault is not None and fault.name == CONTROL:
         # a control equal to A proves nothing: its fold must be another order than A's on every
         # call, and some output's bits must differ from A's
-        same_fold = [c.key for c, a in zip(calls, outs_a)
-                     if fold_plan(a.path, c.x.shape[0], refs.weights[c.layer], key) == control_plan(refs.weights[c.layer])]
+        ws = [refs.weights[c.layer] for c in calls]
+        same_fold = [c.key for c, a, w in zip(calls, outs_a, ws)
+                     if fold_plan(a.path, c.x.shape[0], w, key) == control_plan(w)]
         differ = sum(not r["ab"]["bit_equal"] for r in rows)
         control = {"fold": "one split, one lane, groups descending", "same_fold_as_a": len(same_fold),
                    "outputs_differ_from_a": differ, "calls": len(rows)}
