@@ -60,7 +60,23 @@ def _one_ulp(x, w, *, out=None, dots=None):
     return out
 
 
-FAKES = {"fake_right": _right, "fake_right2": _right, "fake_wrong": _wrong, "fake_unwritten": _unwritten,
+_MEMO = {}
+
+
+def _memo(x, w, *, out=None, dots=None):
+    """Right the first time for each (x, w) address, then replays that result: passes the gate
+    (its reruns use the same x), fools an eager run of itself, not a fresh x."""
+    key = (x.data_ptr(), w.data.data_ptr())
+    if key not in _MEMO:            # x and w held, so no other tensor takes their addresses
+        _MEMO[key] = (x, w, _right(x, w))
+    y = _MEMO[key][2]
+    if out is None:
+        return y.clone()
+    out.copy_(y)
+    return out
+
+
+FAKES = {"fake_right": _right, "fake_right2": _right, "fake_memo": _memo, "fake_wrong": _wrong, "fake_unwritten": _unwritten,
          "fake_crash": _crash, "fake_one_ulp": _one_ulp}
 
 
@@ -163,6 +179,59 @@ def test_a_pair_on_one_path_is_not_timed(fakes):
     assert row["status"] == "same" and row["note"] == "A == B (fake_right), not timed"
     assert env.built == [] and row["ratios"] == {}
     assert bench_report.verdict_cell(row) == "A == B, not timed"
+
+
+class EagerTimer:
+    """The thunks a graph would capture, run eagerly on the CPU; fixed fake times (the checks
+    after timing look at what the calls leave, not at how long they took)."""
+
+    def __init__(self, thunks, per):
+        self.thunks, self.per = thunks, per
+        self.replay_sync()
+
+    @property
+    def probe(self):
+        return getattr(self.thunks, "probe", None)
+
+    def replay_sync(self):
+        for f in self.thunks:
+            f()
+
+    def sample(self, reps, during=None):
+        self.replay_sync()
+        if during:
+            during()
+        return 10.0
+
+    def wall(self, reps):
+        return 10.0
+
+    def close(self):
+        pass
+
+
+class EagerEnv(GatedFakeTime):
+    def timer(self, c):
+        self.built.append(c.label)
+        return EagerTimer(c.build(), c.per)
+
+
+@pytest.mark.parametrize("b,status,failed", [("fake_right2", "timed", []),
+                                             ("fake_memo", "suspect", ["b fresh input", "b/2 fresh input", "b/4 fresh input"])])
+def test_checks_after_timing_run_on_the_timed_calls(fakes, b, status, failed):
+    """The bench's own contestants, replayed eagerly: the right kernel passes every check after
+    timing (output equal to the gate's, inputs unchanged, a fresh x followed); a kernel that
+    replays a memoized result passes its gate but not the fresh-input replay, and the row is
+    'suspect' (the run FAILs) rather than timed."""
+    _MEMO.clear()
+    env = EagerEnv({"legacy": "fake_right", "tuned": b})
+    cfg = Config(pairs=7, warmup=1, max_pairs=7, rotate_gb=4 * bench.pq2_nbytes(SMALL.n, SMALL.k) / bench.GB)
+    row = bench.run_shape(env, cfg, Item("shape", 2, SMALL), bw=4000.0)      # 4 copies, not 1 GB of them
+    assert row["sides"]["b"]["gate"] == "PASS" and row["status"] == status, row.get("check_failures")
+    assert {lab for lab in row["after"]} >= {"a", "b", "bf16"}
+    assert sorted(f.split(":")[0] for f in row.get("check_failures", [])) == failed
+    for lab in ("a", "bf16"):
+        assert all(v["ok"] for v in row["after"][lab].values()), row["after"][lab]
 
 
 def test_timed_calls_are_the_gated_function(fakes):

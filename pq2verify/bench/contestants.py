@@ -91,6 +91,14 @@ def _data(w):
     return w.data if isinstance(w, PQ2Weight) else w
 
 
+def _reference(x, w) -> torch.Tensor:
+    """x times the weight's decoded matrix through torch.mm: independent of every PQ2 kernel."""
+    if isinstance(w, PQ2Weight):
+        from .gate import decode_dense
+        w = decode_dense(w, x.dtype)
+    return torch.mm(x, w.t())
+
+
 def path_contestant(label: str, path: str, shape: Shape, m: int, cfg: Config, x, copies, count: int,
                     gate_print=None):
     """R calls of a registry path, one per weight copy, into one preallocated output. Its probe
@@ -102,8 +110,10 @@ def path_contestant(label: str, path: str, shape: Shape, m: int, cfg: Config, x,
         y = torch.empty(m, shape.n, dtype=x.dtype, device=x.device)
         ws = copies()
         t = Thunks(functools.partial(run, x, w, out=y) for w in ws)
+        # cuBLAS may pick another kernel per call (a graph's workspace): compared within 1e-3 RMS
+        tol = 1e-3 if path == "cublas" else 0.0
         t.probe = Probe(y, lambda: run(x, ws[0], out=torch.empty_like(y)), x, [x] + [_data(w) for w in ws],
-                        gate_print)
+                        gate_print, tol, reference=lambda: _reference(x, ws[0]))
         return t
     return Contestant(label, [Call(path, shape.n, shape.k, m, nb)] * count, build, count)
 
@@ -135,6 +145,7 @@ def bf16_contestant(label: str, shape: Shape, m: int, cfg: Config, x, wd, rotate
         y = torch.empty(m, shape.n, dtype=x.dtype, device=x.device)
         ws = rotation(wd(), count)
         t = Thunks(functools.partial(torch.mm, x, w.t(), out=y) for w in ws)
-        t.probe = Probe(y, lambda: torch.mm(x, ws[0].t()), x, [x] + ws, gate_print, tol=1e-3)
+        t.probe = Probe(y, lambda: torch.mm(x, ws[0].t()), x, [x] + ws, gate_print, tol=1e-3,
+                        reference=lambda: torch.mm(x, ws[0].t()))
         return t
     return Contestant(label, [Call("cublas", shape.n, shape.k, m, nb)] * count, build, count)

@@ -168,6 +168,7 @@ def nvml_reader():
     return read, "" if reasons is not None else "NVML has no clock event reasons: throttling not detected"
 
 
+MAX_REPS = 1000      # replays per sample at most
 BRACKET = 3          # control samples before the first round and after the last (drift bracket)
 # NVML clock-event reasons that mean the clocks were held down (power cap, thermal, hardware
 # slowdown, power brake); idle, application clocks, sync boost and display clocks do not.
@@ -194,7 +195,8 @@ def time_rounds(timers: dict, pairs: int, warmup: int, min_sample_ms: float, sam
     for _ in range(max(1, warmup)):
         for lab in labels:
             est[lab] = timers[lab].sample(1)
-    reps = {lab: max(1, math.ceil(min_sample_ms * 1e3 / max(est[lab] * timers[lab].per, 1e-3)))
+    # capped: a timer whose events see (almost) nothing must not be replayed a million times
+    reps = {lab: min(MAX_REPS, max(1, math.ceil(min_sample_ms * 1e3 / max(est[lab] * timers[lab].per, 1e-3))))
             for lab in labels}
     times = {lab: [] for lab in labels}
     orders, flagged = [], []
