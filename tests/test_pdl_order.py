@@ -174,6 +174,10 @@ def test_every_pdl_launch_of_the_runs_is_checked():
         seen = {x["splits"] == 1 for x in rep if x["kernel"].split()[0] == p}
         assert seen == {True, False}, f"{p}: single-split and split launches expected, got single={seen}"
     assert split[("small_mma", 248320, 5120, 16)] == 1       # lm_head: the case 5f06600 never compiled
+    # the quantize kernel as single-split calls launch it (no counters; 5f06600 compiled M=1 K=5120
+    # with 544, a launch that never happens) and as split ones do
+    zeroes = {"counters=0" in x["kernel"] for x in rep if x["kernel"].startswith("quantize")}
+    assert zeroes == {True, False}, "quantize launches with and without split-K counters expected"
     # the compiles' own reported splits agree with the choosers'
     for x in rep:
         name = x["kernel"].split()[0]
