@@ -10,7 +10,6 @@ among them); 3: an output file could not be written (the verdict printed before 
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 from .cli import UsageError, existing_file, names, nonempty, nonneg_int, positive_int, positive_ints

@@ -110,7 +110,8 @@ def progress_line(i: int, n: int, row: dict) -> str:
         what = f"A/A {row['shape']} M={row['m']} {path_cell(row, 'a')}"
         if st != "timed":
             return head + f"{what}: {row.get('note') if st == 'skipped' else st.upper()}"
-        return head + f"{what}: noise floor {ratio_cell((row.get('ratios') or {}).get('a2_over_a'))}, rounds {rounds_cell(row)}"
+        noise = ratio_cell((row.get("ratios") or {}).get("a2_over_a"))
+        return head + f"{what}: noise floor {noise}, rounds {rounds_cell(row)}"
     if st == "same":
         what = (f"{row['shape']} M={row['m']}" if row["kind"] == "shape" else f"decode step M={row['m']}")
         return head + f"{what}: {row.get('note')}"
@@ -476,7 +477,7 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
         L += [f"- {n}" for n in sorted(notes)]
     shapes = _rows(res, "shape")
     if shapes:
-        L += ["", "## Per shape (µs per call; B/A = A time / B time per round, median [min-max])", ""]
+        L += ["", "## Per shape (µs per call; B/A = A time / B time per round: median [95% bootstrap interval])", ""]
         L += _md_table(SHAPE_COLS, [shape_cells(r) if r.get("status") != "error" else _error_cells(r, len(SHAPE_COLS))
                                     for r in shapes])
     fits = fit_rows(res, res.get("stream_read_gbps"))

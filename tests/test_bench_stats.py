@@ -279,7 +279,7 @@ def test_inputs_changed_during_timing_are_caught_and_fingerprints_see_a_move():
     assert got["output"]["ok"] and got["fresh input"]["ok"] and got["wall clock"]["ok"]
     a = torch.arange(16, dtype=torch.int32)
     b = a.clone()
-    b[[3, 4]] = b[[4, 3]]                                   # same bytes, two words swapped
+    b[[3, 4]] = b[[4, 3]]                                   # same bytes, two neighbouring words swapped
     assert checkafter.fingerprint(a) != checkafter.fingerprint(b)
 
 
@@ -327,6 +327,8 @@ class FakeTimer:
 
 
 class FakeKit:
+    sol_kinds = ("sol",)
+
     def __init__(self, checks=True):
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(1, 32, generator=g)
@@ -434,3 +436,42 @@ def test_bench_baseline_on_the_cli(tmp_path, capsys):
     rc = cli.main(["--device", DEVICE, *base, "--baseline", str(other), "--jsonl", str(tmp_path / "z.jsonl")])
     assert rc == 2 and "recorded with other settings: device 'NVIDIA B200'" in capsys.readouterr().err
     assert bench_cli.verdict({"blocked": [], "errors": [], "not_run": [], "baseline": {"regressions": ["x"]}})[0] == "FAIL"
+
+
+# --- on a GPU: the same logic on CUDA graphs -------------------------------------------------
+@pytest.mark.gpu
+def test_the_bench_selftest_on_cuda_graphs(device):
+    """`./pq2 bench --selftest` as a test: every planted fault caught by one of its checks on real
+    CUDA graphs, the clean control flagged by none."""
+    res = selftest.run(selftest.GpuKit())
+    table = "\n".join(selftest.lines(res))
+    assert res["ok"], table + "\nreproduce: ./pq2 bench --selftest"
+    got = {r["fault"]: set(r["caught_by"]) for r in res["rows"]}
+    for fault, want in selftest.FAULTS.items():
+        assert got[fault] & set(want), (fault, got[fault], table)
+    assert got[selftest.CLEAN] == set(), table
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl,depth", [(False, None), (True, 0), (True, 1), (True, 2), (True, 4), (True, 8)])
+def test_sol_sweep_reads_every_element_inside_a_graph(pdl, depth, device):
+    """Every prefetch depth of the SOL sweep, captured in one CUDA graph with PDL edges, reads
+    every element of its own buffer on each replay."""
+    import functools
+    import operator
+
+    def xor(t):
+        return functools.reduce(operator.xor, (t.to(torch.int64) & 0xFFFFFFFF).tolist(), 0)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    bufs = [torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), generator=g, dtype=torch.int32, device="cuda")
+            for n in (1 << 22, 3 * (1 << 18) + 5, 4096)]
+    calls = [bench.read_call(b, pdl, depth) for b in bufs]
+    timer = bench.GraphTimer([t for t, _ in calls], 1)
+    try:
+        for _, part in calls:
+            part.zero_()
+        timer.replay_sync()
+        assert all(xor(p.cpu()) == xor(b.cpu()) for b, (_, p) in zip(bufs, calls)), \
+            f"reproduce: ./pq2 test --device cuda tests/test_bench_stats.py -k sol_sweep"
+    finally:
+        timer.close()

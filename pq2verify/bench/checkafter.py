@@ -38,7 +38,9 @@ class Probe:
     # through torch.mm), for the fresh-input replay: a kernel that memoizes by address would
     # fool an eager run of itself, not this. None: the eager run of the same calls (the step).
     reference: object = None
-    ref_tol: float = 2e-2                  # relative RMS against it (Q8 activations, bf16 rounding)
+    # relative RMS against it: Q8 activations alone reach 0.03-0.037 on outlier inputs (registry.Q8_BUDGET);
+    # a stale or half-computed output for a new x is off by about 1
+    ref_tol: float = 0.1
 
 
 def fingerprint(t: torch.Tensor) -> tuple:

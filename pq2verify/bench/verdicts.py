@@ -203,8 +203,9 @@ def judge(res: dict) -> dict:
                 what = "faster than streaming its weight bytes at the measured bandwidth"
             if ci and ci.get("lo", 0) > hi:
                 side["suspicious"] = f"{ci['median']:.2f}x [{ci['lo']:.2f}-{ci['hi']:.2f}] {what}"
-                suspicious.append(f"{r['key']} {s} {side.get('path') or '+'.join(sorted(set((side.get('paths') or {}).values())))}: "
-                                  + side["suspicious"] + " by more than the noise: skipped work or a cached result?")
+                path = side.get("path") or "+".join(sorted(set((side.get("paths") or {}).values())))
+                suspicious.append(f"{r['key']} {s} {path}: " + side["suspicious"]
+                                  + " by more than the noise: skipped work or a cached result?")
         if r.get("check_failures"):
             suspect += [f"{r['key']} {f}" for f in r["check_failures"]]
         t = r.get("timing") or {}
