@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from pq2verify import backend, bench, bench_report, checks, inputs, registry
-from pq2verify.bench import Config, FakeEnv, Item, Shape
+from pq2verify.bench import Config, FakeEnv, Item, Shape, checkafter
 from pq2verify.weights import PQ2Weight
 
 DEVICE = backend.device()
@@ -585,6 +585,23 @@ def test_pdl_is_compiled_and_requested_only_on_a_gpu():
     assert bench.launch_options(True, interpret=False) == (True, {"launch_pdl": True})
     assert bench.launch_options(False, interpret=False) == (False, {})
     assert bench.launch_options(True, interpret=True) == (False, {})      # no griddepcontrol there
+
+
+def test_checks_after_timing_on_the_chained_step(small_step):
+    """The step's probe: its last output, its input and every weight copy; replayed eagerly the
+    chain passes every check after timing, and a weight copy changed behind its back fails
+    'inputs' (its values still follow x: the eager rerun reads the same copies)."""
+    parts, paths = small_step
+    c = bench.step_contestant("b", paths, parts, 2, bench.step_weights(parts))
+    t = EagerTimer(c.build(), c.per)
+    p = t.probe
+    assert p.out is t.thunks[-1].keywords["out"] and p.x is t.thunks[0].args[0] and len(p.reads) == 1 + 305
+    before = checkafter.prints(p)
+    got = checkafter.run(t, before, [10.0] * 7, 1)
+    assert all(v["ok"] for v in got.values()), got
+    p.reads[7].view(torch.uint8)[0] ^= 1
+    got = checkafter.run(t, before, [10.0] * 7, 1)
+    assert not got["inputs"]["ok"] and got["output"]["ok"] and got["fresh input"]["ok"]
 
 
 def test_sol_contestants_read_each_call_weight_once(small_step, device):

@@ -36,7 +36,7 @@ class RealEnv:
         info = provenance.collect()
         if self.can_time:
             read, note = self._reader()
-            info["nvml"] = "yes" if read else note
+            info["nvml"] = ("yes" + (f" ({note})" if note else "")) if read else note
             info["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / GB, 1)
         return info
 

@@ -136,7 +136,10 @@ def step_contestant(label: str, paths, parts: dict, m: int, weights, dense_w: bo
             for f in thunks:
                 f()
             return last.clone()
-        thunks.probe = Probe(last, expect, x0, [x0] + [w.data if isinstance(w, PQ2Weight) else w for w in ws])
+        # the BF16 step chains cuBLAS calls, which may pick another kernel in a graph: within 5e-2
+        # (a check for stale or skipped work, not numerics); the PQ2 chain to lm_head is bit-exact
+        thunks.probe = Probe(last, expect, x0, [x0] + [w.data if isinstance(w, PQ2Weight) else w for w in ws],
+                             tol=5e-2 if dense_w else 0.0)
         return thunks
     return Contestant(label, calls, build, 1)
 
