@@ -64,6 +64,7 @@ BAD = [
     (["--max-pairs", "3"], "--max-pairs 3: at least --pairs (7)"),
     (["--baseline-tol", "1.5"], "argument --baseline-tol: expected a fraction in [0, 1)"),
     (["--m", "1,1"], "argument --m: 1 given twice"),
+    (["--m", "none", "--step-m", "none"], "leave no shape and no decode step to time"),
     # issue 24 class 3: empty values
     (["--shapes", ""], "argument --shapes: expected comma-separated names, got ''"),
     (["--shapes", ","], "argument --shapes: expected comma-separated names, got ','"),

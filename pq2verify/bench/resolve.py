@@ -45,6 +45,8 @@ def preflight(cfg: Config, plan: list, device: str) -> dict:
     dense shape on one path both ways is still timed, once, as the cuBLAS reference the BF16
     step sums, but it compares nothing)."""
     out = {i.key: r for i in plan if (r := sides(cfg, i, device)) is not None}
+    if not any(i.kind in ("shape", "step") for i in plan):
+        raise ValueError("--m and --step-m leave no shape and no decode step to time: nothing would be compared")
     if out and all(r["same"] for r in out.values()):
         eg = ", ".join(f"{k} -> {r['a']}" for k, r in list(out.items())[:3] if isinstance(r["a"], str))
         raise SameSides(f"--a {cfg.a} and --b {cfg.b} resolve to the same path for every item of this run"
