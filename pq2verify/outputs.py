@@ -113,6 +113,9 @@ def write_text(path, text: str, option: str) -> None:
             return
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=parent)
         try:
+            # mkstemp makes the file 0600; a report gets the mode open() would give it (or keeps
+            # the mode of the file it replaces)
+            os.fchmod(fd, stat.S_IMODE(os.stat(p).st_mode) if os.path.exists(p) else 0o666 & ~_umask())
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
             os.replace(tmp, p)
@@ -124,6 +127,12 @@ def write_text(path, text: str, option: str) -> None:
             raise
     except OSError as e:
         raise WriteError(f"{option} {p}: could not write: {e.strerror or e}") from None
+
+
+def _umask() -> int:
+    u = os.umask(0)
+    os.umask(u)
+    return u
 
 
 def write_all(items: Iterable[tuple[str, object, str | Callable[[], str]]]) -> list[str]:

@@ -70,3 +70,15 @@ def test_empty_and_duplicate_values_are_usage_errors(parse, value):
 def test_lists_keep_their_order():
     assert cli.positive_ints("16,1,4") == [16, 1, 4]
     assert cli.names(" gemv, single") == ["gemv", "single"]
+
+
+def test_a_written_file_gets_the_usual_mode(tmp_path):
+    new, old = tmp_path / "new.md", tmp_path / "old.md"
+    old.write_text("x")
+    old.chmod(0o640)
+    outputs.write_text(new, "y", "--markdown")
+    outputs.write_text(old, "z", "--markdown")
+    u = os.umask(0)
+    os.umask(u)
+    assert new.stat().st_mode & 0o777 == 0o666 & ~u
+    assert old.stat().st_mode & 0o777 == 0o640
