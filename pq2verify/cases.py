@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import kernelsets, registry
-from .inputs import ACTIVATION_KINDS
+from .inputs import ACTIVATION_KINDS, KINDS
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # shape sets: weight kind -> [(name, N, K)]
@@ -113,8 +113,8 @@ class Case:
             raise bad(f"dtype {dtype!r}: path {path} takes {', '.join(ok)}")
         if layout not in p.layouts:
             raise bad(f"layout {layout!r}: path {path} has layouts {', '.join(p.layouts)}")
-        if kind not in ACTIVATION_KINDS:
-            raise bad(f"input kind {kind!r}: expected one of {', '.join(ACTIVATION_KINDS)}")
+        if kind not in KINDS:
+            raise bad(f"input kind {kind!r}: expected one of {', '.join(KINDS)}")
         if not 0 <= seed < 2 ** 63:     # torch and numpy generators take no negative or wider seed
             raise bad(f"seed {seed}: expected 0 <= seed < 2**63")
         if n < 1 or k < 1 or not p.serves(m):

@@ -105,7 +105,7 @@ def check_writable(path, option: str, *, directory: bool = False, make_parents: 
 
 
 SUBCOMMANDS = ("pq2verify.check_cli", "pq2verify.golden_cli", "pq2verify.gsm8k.cli", "pq2verify.bench_cli",
-               "pq2verify.selftest_cli", "pq2verify.replay_cli")
+               "pq2verify.selftest_cli", "pq2verify.replay_cli", "pq2verify.fuzz_cli")
 
 
 DESCRIPTION = """\
@@ -208,6 +208,10 @@ def main(argv=None) -> int:
             dispatch.validate_env()    # a typo'd PQ2_* variable would silently change what runs
         except ValueError as e:
             raise UsageError(str(e)) from None
+        from . import backend_status
+        warn = backend_status.announce(args)   # no record or capture: exact = legacy, golden verifies nothing
+        if warn:
+            print(warn, file=sys.stderr)
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"pq2verify {args.command}: error: {e}", file=sys.stderr)

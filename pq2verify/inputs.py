@@ -6,6 +6,13 @@ import torch
 from .weights import BLOCK, PQ2Weight, pack_codes
 
 ACTIVATION_KINDS = ("normal", "heavy", "outliers", "zero_groups", "ties")
+# Regimes the fuzzer draws besides those; kept out of ACTIVATION_KINDS, whose order the check and
+# golden profiles rotate through (their case ids name committed captures). zeros: every value 0;
+# tiny: even rows scaled far down (bf16: 2^-64, fp16: 2^-10, near its normal floor), so one call
+# mixes magnitudes; subnormal: every third group subnormal in the dtype, plus a few subnormal values.
+EXTRA_KINDS = ("zeros", "tiny", "subnormal")
+KINDS = ACTIVATION_KINDS + EXTRA_KINDS
+_TINY = {torch.bfloat16: 2.0 ** -64, torch.float16: 2.0 ** -10}
 
 
 def _gen(device, seed: int) -> torch.Generator:
@@ -34,8 +41,8 @@ def dense_weight(n: int, k: int, seed: int, device="cpu", dtype=torch.bfloat16) 
 def activations(m: int, k: int, seed: int, kind="normal", dtype=torch.bfloat16, device="cpu",
                 row_stride: int | None = None) -> torch.Tensor:
     """[M, K] activations; row_stride > K gives a strided view (rows not adjacent)."""
-    if kind not in ACTIVATION_KINDS:
-        raise ValueError(f"kind: expected one of {ACTIVATION_KINDS}, got {kind!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
     g = _gen("cpu", seed)
     stride = row_stride or k
     if kind == "heavy":
@@ -51,6 +58,12 @@ def activations(m: int, k: int, seed: int, kind="normal", dtype=torch.bfloat16, 
             base[:, gi * BLOCK:(gi + 1) * BLOCK] = 0.0
     elif kind == "ties":
         base = _ties(m, stride, g)
+    elif kind == "zeros":
+        base = torch.zeros(m, stride)
+    elif kind == "tiny":
+        base[0::2] *= _TINY.get(dtype, 2.0 ** -64)
+    elif kind == "subnormal":
+        base = _subnormal(base, k, g, dtype)
     x = base.to(dtype).to(device)
     return x[:, :k] if stride != k else x
 
@@ -61,3 +74,15 @@ def _ties(m: int, k: int, g: torch.Generator) -> torch.Tensor:
     v = (torch.randint(-126, 126, (m, k), generator=g).float() + 0.5)
     v.view(m, -1, BLOCK)[:, :, 0] = 127.0
     return v
+
+
+def _subnormal(base: torch.Tensor, k: int, g: torch.Generator, dtype) -> torch.Tensor:
+    """Every third group (from group 1) below the dtype's smallest normal, and one value in 64
+    elsewhere too: quantizing, scaling and converting such values must neither flush a row's
+    normal values nor make NaN."""
+    tiny = torch.finfo(dtype).tiny if dtype in (torch.bfloat16, torch.float16) else 2.0 ** -126
+    for gi in range(1, k // BLOCK, 3):
+        base[:, gi * BLOCK:(gi + 1) * BLOCK] *= tiny / 8
+    cols = torch.randperm(k, generator=g)[: max(1, k // 64)]
+    base[:, cols] = base[:, cols].sign() * tiny / 4
+    return base
