@@ -14,6 +14,13 @@ for two checks that need no GPU:
         check and the GSM8K model run (single-split included): no global write and no read of
         anything but the weights before griddepcontrol.wait (pq2verify.ptx;
         tests/test_pdl_order.py); exit 1 on a violation
+    python tools/sm90.py resources [--json] [--only PATHS] [--config PATH=JSON] [--model] [--table F] [--record F]
+        the resource gate: every config the choosers return for the bonsai27b shapes at the
+        bench's and the check's Ms (--model: the GSM8K model's too), once per compiled
+        specialization: registers, local memory (spills), shared memory and programs per SM
+        (pq2verify.resources), against pq2verify/verified/resources-sm90.json; exit 1 on a
+        spill, an occupancy below the recorded one, or a specialization not recorded
+        (tests/test_resource_gate.py); --record F writes the table instead of judging
 
 Run it with TRITON_INTERPRET unset: the interpreter's kernels do not compile.
 """
@@ -32,7 +39,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from pq2verify.cli import existing_file, positive_int
+from pq2verify.cli import UsageError, existing_file, positive_int
 from pq2verify.weights import layout_strides
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -101,12 +108,13 @@ def small_mma_launch(mod, n, k, m, force=None, dtype="bf16", layout="prepared"):
     return cfg, (mod._small_mma_kernel, ptrs, ints, consts, cfg["num_warps"], cfg["num_stages"]), opts
 
 
-def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared"):
+def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
     """(config, compile_sm90 arguments, options) of gemv's kernel on N x K weights in `layout`
-    (M = 1), as gemv.run() launches it (PDL as its config says)."""
+    (M = 1), as gemv.run() launches it (PDL as its config says); force: fields over the
+    chooser's."""
     if mod is None:
         from kernels import gemv as mod
-    c = mod.config(n, k, 1, interpret=False)
+    c = {**mod.config(n, k, 1, interpret=False), **(force or {})}
     g, per, gc, split = k // 128, c["groups_per_split"], c["GC"], c["SPLIT"]
     prepared, out = layout == "prepared", f"*{dtype}"
     ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
@@ -263,7 +271,7 @@ def pdl_report(modules: dict | None = None, old: bool = False, only: set | None 
     return out
 
 
-def wgmma_compile(n, k, m, force=None):
+def wgmma_compile(n, k, m, force=None, dtype="bf16"):
     """(config, compiled) of mmq_wgmma's Gluon kernel for prepared N x K weights and M rows, with
     the descriptors and constexprs run() launches it with (mmq_wgmma.kernel_args), specialized as
     the JIT does."""
@@ -276,7 +284,7 @@ def wgmma_compile(n, k, m, force=None):
                               torch.zeros(g, -(-m // 4) * 4, dtype=torch.float32)[:, :m], g, cfg, False)
     fn = w._wgmma_kernel
     sig = {a: mangle_type(d) for a, d in descs.items()}
-    sig.update(s_ptr="*fp16", y_ptr="*bf16", d_ptr="*i32", M="i32", N="i32", stride_ym="i32", scale_off="i32",
+    sig.update(s_ptr="*fp16", y_ptr=f"*{dtype}", d_ptr="*i32", M="i32", N="i32", stride_ym="i32", scale_off="i32",
                scale_row="i32")
     sig.update({a: "constexpr" for a in cx})
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("s_ptr", "y_ptr", "d_ptr")}
@@ -314,6 +322,255 @@ def loops(sass):
             body = ins[at[int(b.group(1), 16)]:i + 1]
             yield body[0][0], a, collections.Counter(
                 re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for _, x in body)
+
+
+# --- the resource gate: every config the choosers return, compiled; pq2verify.resources judges
+
+def _q8_launch(fn, ptrs, n, k, m, dtype, layout, cfg, consts):
+    """int_gemv's, mmq's and native's launches: weights at `layout`'s strides, M x N output."""
+    ints = dict(M=m, N=n, stride_ym=n, stride_xm=k, **layout_strides(n, k, layout))
+    ints = {a: v for a, v in ints.items() if a in fn.arg_names}
+    consts = {a: v for a, v in consts.items() if a in fn.arg_names}
+    return cfg, (fn, ptrs, ints, consts, cfg["num_warps"], cfg["num_stages"]), {}
+
+
+def _int_gemv(n, k, m, dtype, layout, cfg):
+    from kernels import int_gemv as mod
+    out = f"*{dtype}"
+    ptrs = dict(qw_ptr="*i32", xs_ptr="*fp32", c_ptr="*u8", s_ptr="*fp16", y_ptr=out, d_ptr=out)
+    return _q8_launch(mod._gemv_kernel, ptrs, n, k, m, dtype, layout, cfg,
+                      dict(G=k // 128, BM=cfg["BM"], BN=cfg["BN"], GB=cfg["GB"], DOTS=False, INTERP=False))
+
+
+def _mmq(n, k, m, dtype, layout, cfg):
+    from kernels import mmq as mod
+    out = f"*{dtype}"
+    ptrs = dict(q_ptr="*i8", xs_ptr="*fp32", c_ptr="*u8", s_ptr="*fp16", y_ptr=out, d_ptr=out)
+    return _q8_launch(mod._mmq_kernel, ptrs, n, k, m, dtype, layout, cfg,
+                      dict(G=k // 128, BM=cfg["BM"], BN=cfg["BN"], DOTS=False, INTERP=False))
+
+
+def _native(n, k, m, dtype, layout, cfg):
+    from kernels import native as mod
+    out = f"*{dtype}"
+    ptrs = dict(x_ptr=out, c_ptr="*u8", s_ptr="*fp16", y_ptr=out)
+    return _q8_launch(mod._native_kernel, ptrs, n, k, m, dtype, layout, cfg,
+                      dict(G=k // 128, BM=cfg["BM"], BN=cfg["BN"], INTERP=False))
+
+
+def _single(n, k, m, dtype, layout, cfg):
+    from kernels import single as mod
+    g, out, prepared = k // 128, f"*{dtype}", layout == "prepared"
+    bn, gc, per, split = cfg["BN"], cfg["GC"], cfg["groups_per_split"], cfg["SPLIT"]
+    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
+                scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, dots_ptr=out)
+    ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, groups_per_split=per, **layout_strides(n, k, layout))
+    consts = dict(BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), SPLIT=split,
+                  PREFETCH=cfg["PREFETCH"], PREPARED=prepared, WRITE_DOTS=False, INTERP=False)
+    return cfg, (mod._single_kernel, ptrs, ints, consts, cfg["num_warps"], cfg["num_stages"]), {}
+
+
+def _small_gemm(n, k, m, dtype, layout, cfg):
+    from kernels import small_gemm as mod
+    out, split = f"*{dtype}", cfg["SPLIT"]
+    ptrs = dict(x_ptr=out, w_ptr=out, out_ptr=out, part_ptr="*fp32" if split > 1 else out)
+    ints = dict(x_sm=k, x_sk=1, w_sn=k, w_sk=1, out_sm=n, out_sn=1, M=m, N=n, K=k)
+    consts = dict(BM=16, BN=cfg["BN"], BK=cfg["BK"], STEPS=cfg["k_per_split"] // cfg["BK"], SPLIT=split, INTERP=False)
+    return cfg, (mod._small_gemm_kernel, ptrs, ints, consts, cfg["num_warps"], cfg["num_stages"]), {}
+
+
+def _mmq_planes(n, k, m, dtype, layout, cfg):
+    from kernels import mmq_planes as mod
+    g, out = k // 128, f"*{dtype}"
+    ptrs = dict(q_ptr="*i8", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*u8", scales_ptr="*fp16", out_ptr=out,
+                dots_ptr=out)
+    ints = dict(q_sm=k, xs_sm=g, t_sm=g, out_sm=n, out_sn=1, d_sm=0, d_sn=0, d_sg=0, M=m, N=n,
+                **layout_strides(n, k, layout))
+    consts = dict(BM=cfg["BM"], BN=cfg["BN"], G=g, SWAP=cfg["SWAP"], PREPARED=layout == "prepared",
+                  WRITE_DOTS=False, INTERP=False)
+    return cfg, (mod._mmq_planes_kernel, ptrs, ints, consts, cfg["num_warps"], cfg["num_stages"]), {}
+
+
+# path -> (N, K, M, dtype, layout, resolved config) -> (config, compile_sm90 arguments, options),
+# as that path's run() launches its matrix kernel on sm_90 (mmq_wgmma: its Gluon kernel)
+RESOURCE_PATHS = {
+    "native": _native, "int_gemv": _int_gemv, "mmq": _mmq, "single": _single, "small_gemm": _small_gemm,
+    "mmq_planes": _mmq_planes,
+    "gemv": lambda n, k, m, dtype, layout, cfg: gemv_launch(n, k, None, dtype, layout, force=cfg),
+    "small_mma": lambda n, k, m, dtype, layout, cfg: small_mma_launch(load(None), n, k, m, cfg, dtype, layout),
+    "mmq_wgmma": None,
+}
+_COMPILED: dict = {}
+
+
+def compile_cached(key, build):
+    """build() (a compile) once per key in this process; Triton's own cache spans processes
+    (tests/test_pdl_order.py's compiles of the same launches are hits here)."""
+    if key not in _COMPILED:
+        import time
+        t0 = time.perf_counter()
+        kern = build()
+        _COMPILED[key] = (kern, time.perf_counter() - t0)
+    return _COMPILED[key]
+
+
+def resource_usage(kern) -> dict:
+    """{registers, local, static_shared} of a compiled kernel's cubin, by cuobjdump -res-usage:
+    registers a thread, local memory a thread in bytes (spills; stack included), and static
+    shared memory (on sm_90 the 1 KB the system reserves a block)."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "kernel.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kern.asm["cubin"])
+        usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin], capture_output=True,
+                               text=True, check=True).stdout
+    f = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    return dict(registers=int(f["REG"]), local=int(f["LOCAL"]) + int(f["STACK"]), static_shared=int(f["SHARED"]))
+
+
+def _variant(args: tuple, cfg: dict) -> str:
+    """The part of a specialization the config does not name: the ints' classes in argument
+    order (1, D divisible by 16, i other) and the other constexprs (G, MASKED, ...)."""
+    fn, ptrs, ints, consts = args[:4]
+    cls = "".join("1" if ints[a] == 1 else "D" if ints[a] % 16 == 0 else "i" for a in fn.arg_names if a in ints)
+    cx = [f"{a}={consts[a]}" for a in fn.arg_names
+          if a in consts and a not in cfg and a not in ("INTERP", "WRITE_DOTS", "DOTS")]
+    return " ".join(cx + ["ints=" + cls])
+
+
+def resource_launches(force: dict | None = None, only: set | None = None, model: bool = False) -> list[dict]:
+    """Every distinct compiled specialization of the paths' matrix kernels (RESOURCE_PATHS: every
+    Triton path of pq2verify.registry) for the calls the bench and the GPU check make: the
+    bonsai27b shapes (run_shapes(); the dense path on the dense ones) at the bench's and the
+    check's Ms, both dtypes and each layout the path serves; model: the GSM8K model's shapes too.
+    [{kernel, config, variant, key, uses, build}], build() the compile. force: path -> fields over
+    its chooser's config (a ValueError if the path's fold refuses them); only: the paths to
+    include."""
+    from pq2verify import cases, registry
+    force = force or {}
+    found: dict[tuple, dict] = {}
+    pq2 = [r for r in run_shapes() if model or r[0].startswith("bonsai27b:")]
+    dense = [(f"bonsai27b:{s}", n, k, pq2[0][3]) for s, n, k in cases.SHAPES["bonsai27b"]["dense"]]
+    for name, build in RESOURCE_PATHS.items():
+        if only and name not in only:
+            continue
+        p = registry.get(name)
+        mod = importlib.import_module(p.module)
+        for shape, n, k, ms in (dense if p.weight == "dense" else pq2):
+            for m in ms:
+                if not p.serves(m):
+                    continue
+                if name in force:
+                    mod.fold(n, k, m, interpret=False, config=force[name])   # each field checked
+                cfg = {**mod.config(n, k, m, interpret=False), **force.get(name, {})}
+                for dtype in ("bf16", "fp16"):
+                    for layout in p.layouts:
+                        use = f"{shape} {n}x{k} M={m} {dtype} {layout}"
+                        if build is None:          # mmq_wgmma: the Gluon kernel's own compile
+                            c = {**mod._resolve(n, k, m, False, force.get(name)), "num_warps": cfg["BN"] // 16}
+                            spec = ("mmq_wgmma", dtype, tuple(sorted(c.items())), k // 128)
+                            variant = f"G={k // 128}"
+                            thunk = (lambda n=n, k=k, m=m, f=force.get(name), dt=dtype:
+                                     wgmma_compile(n, k, m, f, dt)[1])
+                            warps = c["num_warps"]
+                        else:
+                            c, args, opts = build(n, k, m, dtype, layout, cfg)
+                            full = specialization(*args, opts)
+                            spec = (name, dtype) + full[2:]    # not the module: a planted file keeps its keys
+                            variant = _variant(args, c)
+                            thunk = (lambda args=args, opts=opts: compile_sm90(*args, **opts)[0])
+                            warps = args[4]
+                        e = found.get(spec)
+                        if e is None:
+                            cs = " ".join(f"{a}={v}" for a, v in sorted(c.items()))
+                            e = found[spec] = dict(kernel=name, config=c, variant=f"{dtype} {layout} {variant}",
+                                                   key=f"{name} {cs} | {dtype} {layout} {variant}", uses=[],
+                                                   num_warps=warps, build=thunk, spec=spec)
+                        e["uses"].append(use)
+    return list(found.values())
+
+
+def resources_report(force: dict | None = None, only: set | None = None, recorded: dict | None = None,
+                     model: bool = False) -> list[dict]:
+    """resource_launches() compiled: each with registers, local memory, static and dynamic shared
+    memory, programs per SM and the binding limit (pq2verify.resources.occupancy), the compile's
+    seconds, and with `recorded` given the recorded value and the verdict."""
+    from pq2verify import resources
+    rows = []
+    for e in resource_launches(force, only, model):
+        kern, dt = compile_cached(e["spec"], e["build"])
+        use = resource_usage(kern)
+        programs, limit = resources.occupancy(use["registers"], kern.metadata.shared, e["num_warps"],
+                                              use["static_shared"])
+        rows.append(dict(kernel=e["kernel"], config=e["config"], variant=e["variant"], key=e["key"], uses=e["uses"],
+                         num_warps=e["num_warps"], **use, shared=kern.metadata.shared, programs=programs, limit=limit,
+                         compile_s=round(dt, 3)))
+    return rows if recorded is None else resources.gate(rows, recorded)
+
+
+LIMIT = {"registers": "regs", "shared": "smem", "warps": "warp", "blocks": "blks"}
+
+
+def resources_main(a, ap):
+    from pq2verify import outputs, registry, resources
+    force = {}
+    for spec in a.config:
+        name, eq, text = spec.partition("=")
+        if not eq or name not in RESOURCE_PATHS:
+            ap.error(f"argument --config: expected PATH=JSON with PATH one of {', '.join(RESOURCE_PATHS)}, got {spec!r}")
+        try:
+            force[name] = json.loads(text)
+        except json.JSONDecodeError as e:
+            ap.error(f"argument --config: {name}: not JSON: {e}")
+        if not isinstance(force[name], dict):
+            ap.error(f"argument --config: {name}: expected a JSON object, got {text!r}")
+    only = None
+    if a.only is not None:
+        only = set(a.only.split(","))
+        if not a.only or only - set(RESOURCE_PATHS):
+            ap.error(f"argument --only: expected names from {', '.join(RESOURCE_PATHS)}, got {a.only!r}")
+    recorded = {}
+    if not a.record:
+        try:
+            recorded = resources.load(a.table)
+        except ValueError as e:
+            ap.error(f"argument --table: {e}")
+    try:
+        outputs.check(outputs=[("--record", a.record)] if a.record else [],
+                      inputs=[("--table", a.table)] if not a.record else [])
+    except UsageError as e:     # the option is named
+        ap.error(str(e))
+    try:
+        resource_launches(force, only, a.model)   # forced fields checked before any compile
+    except (ValueError, TypeError) as e:
+        ap.error(f"argument --config: {e}")
+    rows = resources_report(force, only, recorded, a.model)
+    if a.record:
+        text = resources.record(rows)
+        if a.json:
+            print(json.dumps(rows))
+        outputs.write_text(a.record, text, "--record")
+        print(f"{len(rows)} specializations recorded in {a.record}", file=sys.stderr if a.json else sys.stdout)
+        return 0
+    bad = [r for r in rows if not resources.passed(r["verdict"])]
+    if a.json:
+        print(json.dumps(rows))
+        return 1 if bad else 0
+    print(f"{'kernel':<11} {'config | variant':<70} {'regs':>4} {'local':>5} {'shared KB':>9} {'prog/SM':>7} "
+          f"{'recorded':>8}  verdict")
+    for r in rows:
+        cs = " ".join(f"{x}={v}" for x, v in sorted(r["config"].items()))
+        print(f"{r['kernel']:<11} {cs + ' | ' + r['variant']:<70} {r['registers']:>4} {r['local']:>5} "
+              f"{(r['static_shared'] + r['shared']) / 1024:>9.1f} {r['programs']:>2} {LIMIT[r['limit']]:<4} "
+              f"{'-' if r['recorded'] is None else r['recorded']:>8}  {r['verdict']}")
+    gone = resources.stale(rows, recorded) if not only and not force else []
+    for key in gone:
+        print(f"note: recorded but no longer compiled (a chooser changed; re-record): {key}")
+    known = sum(r["local"] > 0 and resources.passed(r["verdict"]) for r in rows)
+    print(f"{len(rows)} specializations, {len(bad)} failing, {known} with a known spill; "
+          f"{sum(r['compile_s'] for r in rows):.1f} s compiling"
+          + ("" if not bad else f"; reproduce: {resources.REPRO}"))
+    return 1 if bad else 0
 
 
 def add_shape_args(parser) -> None:
@@ -383,7 +640,23 @@ def main():
     fp.set_defaults(m=2048)
     fp.add_argument("--config", type=json.loads, default=None, help='fields over the chooser\'s, e.g. \'{"BN": 128}\'')
     fp.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    rp = sub.add_parser("resources", help="every chooser config: registers, spills, shared memory, programs per SM")
+    rp.add_argument("--json", action="store_true", help="one JSON list instead of the table")
+    rp.add_argument("--only", default=None, metavar="NAMES",
+                    help=f"comma-separated paths to compile: {', '.join(RESOURCE_PATHS)} (default: all)")
+    rp.add_argument("--config", action="append", default=[], metavar="PATH=JSON",
+                    help='fields over a path\'s chooser, e.g. \'small_mma={"num_warps": 8}\'; repeatable')
+    rp.add_argument("--model", action="store_true", help="the GSM8K model's shapes too (about 500 compiles)")
+    rp.add_argument("--table", type=existing_file, default=None,
+                    help="the recorded table (default: pq2verify/verified/resources-sm90.json)")
+    rp.add_argument("--record", default=None, metavar="FILE",
+                    help="write the compile's table to FILE (measured occupancies kept) instead of judging")
     a = ap.parse_args()
+    if a.cmd == "resources":
+        if a.table is None:
+            from pq2verify import resources
+            a.table = str(resources.RECORDED)
+        return resources_main(a, ap)
     if a.cmd == "prefill":
         return prefill_report(a, ap)
     if a.cmd == "pdl":
