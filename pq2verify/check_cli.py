@@ -168,8 +168,9 @@ def markdown(results: list[dict], prov: list[dict], note: str = "", problems=())
     """A per-path summary and the results table from to_json() rows, with the provenance of
     each run they came from; problems: why they are not one complete run."""
     lines = ["# pq2verify check", ""]
+    from . import provenance
     for p in prov:
-        lines.append("- " + ", ".join(f"{k}: {v}" for k, v in p.items()))
+        lines += provenance.markdown_lines(p)      # with its backend's missing records, if any
     n_ok = sum(r["ok"] for r in results)
     lines += ["", f"**{n_ok} of {len(results)} cases passed.**"]
     if problems:

@@ -234,7 +234,7 @@ def _load(dest, args, key, kind, say):
         golden.check_backend(g)
         return g, None
     except golden.NoCapture as e:
-        say(f"FAIL: {e}\n  nothing was verified; a missing capture is a failure\n"
+        say(f"FAIL: {e}\n  nothing was verified; a missing capture is a failure{_first_steps(key, args)}\n"
             f"  reproduce: {_verify_repro(key, dest, kind == 'model')}")
         return None, 1
     except golden.OtherBackend as e:
@@ -248,6 +248,16 @@ def _load(dest, args, key, kind, say):
             msg += f"\n  reproduce: {_verify_repro(key, dest, kind == 'model')}"
         say(f"ERROR (integrity): {msg}")
         return None, 1
+
+
+def _first_steps(key, args) -> str:
+    """For this backend's own capture folder: the steps that give a new backend its records."""
+    from . import backend_status
+    st = backend_status.status(key)
+    if args.dir or not st["missing"]:
+        return ""
+    return (f"\n  first steps on a new backend ({st['doc']}): "
+            + "; ".join(f"{i}. {s}" for i, s in enumerate(st["steps"], 1)))
 
 
 def known_ids(g, key: str, names_) -> set[str]:
@@ -264,8 +274,11 @@ def _verify(dest, names_, device, args, key) -> int:
 
     from . import golden
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)   # logs: no squeezed table
-    g, rc = _load(dest, args, key, "cases", lambda m: console.print(escape(m), soft_wrap=True))
-    if g is None:
+    said = []
+    g, rc = _load(dest, args, key, "cases", lambda m: (said.append(m), console.print(escape(m), soft_wrap=True)))
+    if g is None:      # verified nothing: a failure, and the --json/--html say so too
+        outputs.write_all([("--json", args.json, lambda: _json(None, [], key, dest, False, "\n".join(said))),
+                           ("--html", args.html, lambda: _html(None, [], key, dest, "\n".join(said)))])
         return rc
     if g.manifest.get("kind") == "model":
         raise UsageError(f"--dir {dest}: holds a model capture; verify it with --model --dir {Path(dest).parent}")
@@ -317,9 +330,11 @@ def _verify(dest, names_, device, args, key) -> int:
     return 0 if ok else 1
 
 
-def _json(g, outcomes, key, dest, ok) -> str:
-    from . import golden
-    return json.dumps({"manifest": {k: v for k, v in g.manifest.items() if k != "cases"}, "isa": golden.isa(),
+def _json(g, outcomes, key, dest, ok, error=None) -> str:
+    from . import golden, provenance
+    return json.dumps({"provenance": provenance.collect(),
+                       "manifest": g and {k: v for k, v in g.manifest.items() if k != "cases"}, "isa": golden.isa(),
+                       **({"error": error} if error else {}),
                        "ok": ok, "complete": True, "verified": len(outcomes),
                        "failed": sum(not o.ok for o in outcomes),
                        "outcomes": [{"case": o.case.id, "status": o.status, "comparison": o.comparison,
@@ -328,11 +343,12 @@ def _json(g, outcomes, key, dest, ok) -> str:
                                     for o in outcomes]}, indent=1) + "\n"
 
 
-def _html(g, outcomes, key, dest) -> str:
-    from . import golden
+def _html(g, outcomes, key, dest, error=None) -> str:
+    from . import backend_status, golden
     from . import html_report as h
     bad = sum(not o.ok for o in outcomes)
-    body = [h.meta({k: g.manifest.get(k) for k in ("backend", "date", "commit", "torch", "triton")}),
+    body = [h.meta({**{k: (g.manifest if g else {}).get(k) for k in ("backend", "date", "commit", "torch", "triton")},
+                    "backend_status": backend_status.status(key)})] + ([h.pre(error)] if error else []) + [
             h.verdict(not bad and bool(outcomes), f"{len(outcomes) - bad} of {len(outcomes)} golden cases identical "
                                                    "or within their bound")]
     rows = [[o.status, o.case.id, o.comparison, "; ".join(o.source_changed) or "-",

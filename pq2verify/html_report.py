@@ -13,6 +13,7 @@ tr.fail td{background:#fde8e8} tr.warn td{background:#fff6dc}
 .verdict-pass{color:#176b2c;font-weight:bold} .verdict-fail{color:#b00020;font-weight:bold}
 pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.85em}
 .meta{color:#555;font-size:.85em} code{font-size:.9em}
+.warn{background:#fff6dc;border:1px solid #d9a400;padding:.4em .6em}
 """
 
 
@@ -46,7 +47,17 @@ def pre(text: str) -> str:
 
 
 def meta(items: dict) -> str:
-    return '<p class="meta">' + " · ".join(f"{esc(k)}: {esc(v)}" for k, v in items.items()) + "</p>"
+    """Provenance items as one grey line; a "backend_status" among them (provenance.collect's)
+    is its own visible warning line where the backend lacks records, else left out."""
+    from . import backend_status
+    warn = backend_status.line(items.get("backend_status"))
+    rest = {k: v for k, v in items.items() if k != "backend_status"}
+    return ('<p class="meta">' + " · ".join(f"{esc(k)}: {esc(v)}" for k, v in rest.items()) + "</p>"
+            + (f"\n{warning(warn)}" if warn else ""))
+
+
+def warning(text: str) -> str:
+    return f'<p class="warn">{esc(text)}</p>'
 
 
 def image(png: bytes, alt: str) -> str:
@@ -71,6 +82,8 @@ def from_markdown(md: str) -> str:
         if line.startswith("#"):
             level = min(len(line) - len(line.lstrip("#")) + 1, 4)
             out.append(f"<h{level}>{esc(line.lstrip('#').strip())}</h{level}>")
+        elif line.strip().lstrip("- ").startswith("WARNING:"):
+            out.append(warning(line.strip().lstrip("- ")))      # provenance.markdown_lines' backend line
         elif line.strip():
             out.append(f"<p>{esc(line.strip())}</p>")
     flush()

@@ -42,7 +42,10 @@ def gpu_clocks() -> dict:
         return {}
 
 
-def collect() -> dict:
+def collect(status: bool = True) -> dict:
+    """status: add "backend_status", what this backend lacks of its own records
+    (backend_status.status; its "missing" is empty when nothing is). A record that is itself
+    one of those files (derive's) leaves it out: it would describe the state before it."""
     import torch
     import triton
     from . import backend
@@ -52,4 +55,25 @@ def collect() -> dict:
     if backend.device() == "cuda":
         info["cuda"] = torch.version.cuda
         info.update(gpu_clocks())
+    if status:
+        from . import backend_status
+        info["backend_status"] = backend_status.status()
     return info
+
+
+def flat(info: dict) -> dict:
+    """The provenance items a report prints as `key: value` (the backend status is a record of
+    its own, printed as its own line: `status_line`)."""
+    return {k: v for k, v in info.items() if k != "backend_status"}
+
+
+def status_line(info: dict) -> str | None:
+    """The report line that says what this result's backend lacked of its own records, or None."""
+    from . import backend_status
+    return backend_status.line(info.get("backend_status"))
+
+
+def markdown_lines(info: dict) -> list[str]:
+    """A provenance record as Markdown lines: its items, then the backend warning if any."""
+    warn = status_line(info)
+    return ["- " + ", ".join(f"{k}: {v}" for k, v in flat(info).items())] + ([f"- {warn}"] if warn else [])

@@ -231,6 +231,9 @@ def _main(args, spec_a, spec_b, capture: Path) -> int:
                captured_on=on, backend=key, a=args.a, b=args.b, calls=len(calls),
                weights=len(names_), seconds=round(time.perf_counter() - t0, 1), paths=ran)
     text = report(ctx, runs, args, device)
+    from .backend_status import line, status
+    warn = line(status(key))       # the backend's missing records, under the report's title
+    text = text.replace("\n", f"\n\n{warn}\n", 1) if warn else text
     print(text)          # the verdict first: a failed write below must not lose it
     outputs.write_all([("--markdown", args.markdown, text + "\n"),
                        ("--json", args.json, lambda: json.dumps({**ctx, "provenance": provenance.collect(),

@@ -634,7 +634,8 @@ def markdown(verdicts: list[Verdict]) -> str:
     s = summary(verdicts)
     prov = provenance.collect()
     out = [f"# pq2verify selftest ({backend.name()})", "",
-           "- " + ", ".join(f"{k}: {prov[k]}" for k in ("date", "commit", "torch", "triton") if k in prov), "",
+           "- " + ", ".join(f"{k}: {prov[k]}" for k in ("date", "commit", "torch", "triton") if k in prov),
+           *[f"- {w}" for w in [provenance.status_line(prov)] if w], "",
            _counts(s) + ".",
            "Each cell: the checks that caught the fault (an edge fault's target check first, with where its "
            "plant landed); a control is a plant inside a bound, which its target check must pass.", "",

@@ -381,6 +381,7 @@ def _main(args) -> int:
                  "prompt_hashes": {q: data.prompt_hash(prompts[q]) for q in ids},
                  "example_prompt": prompts[ids[0]]},
         "backend": bkey, "device": device, "worker_gpus": worker_gpus or None,
+        "backend_status": __import__("pq2verify.backend_status", fromlist=["status"]).status(bkey),
         "decode_graphs": _graph_stats(conv),
         "cpu_threads": torch.get_num_threads(),
         "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,

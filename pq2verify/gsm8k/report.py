@@ -261,6 +261,10 @@ def _timing(rep: dict) -> list[str]:
 
 def markdown(rep: dict) -> str:
     L = [f"# GSM8K answer diff: {rep['a']['label']} vs {rep['b']['label']}", ""]
+    from ..backend_status import line
+    warn = line(rep.get("backend_status"))        # the backend's missing records
+    if warn:
+        L += [warn, ""]
     L += [f"- model: {rep['model']['id']} ({rep['model']['digits']} balanced-ternary digit(s)"
           f"{', already ternary: lossless' if rep['model']['ternary'] else ''}; weight relative RMS error "
           f"{rep['model']['rel_rms']:.4g}, worst projection {rep['model']['max_rel_rms']:.4g})",
