@@ -249,3 +249,11 @@ def test_html_meta_shows_the_status_as_one_line_and_hides_the_record():
     page = html_report.meta({"commit": "abc", "backend_status": st})
     assert page.count('class="warn"') == 1 and "'missing'" not in page and "commit: abc" in page
     assert 'class="warn"' not in html_report.meta({"commit": "abc", "backend_status": {**st, "missing": []}})
+
+
+def test_the_doc_gives_the_steps():
+    doc = (kernelsets._ROOT / backend_status.DOC).read_text()
+    for s in ("./pq2 --device cuda check --derive-exact --record", "./pq2 --device cuda golden capture",
+              "./pq2 --device cuda golden capture --model", "git add pq2verify/verified/exact-<key>.json golden/<key>"):
+        assert s in doc, f"{backend_status.DOC} lacks {s!r}; reproduce: {REPRO} -k doc"
+    assert "NEW_BACKEND.md" in (kernelsets._ROOT / "docs" / "ADDING_A_PATH.md").read_text()
