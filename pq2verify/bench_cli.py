@@ -29,6 +29,10 @@ def register(sub):
                          "interpreter 1,2,17)")
     ap.add_argument("--step-m", default=None, type=_ints,
                     help="M of the whole chained decode step (default 1,2,4,8,16; --quick 1,16; none: skip)")
+    ap.add_argument("--spin-us", type=_nonneg, default=5.0,
+                    help="power proxy of the decode step: a low-power spin of this many µs after each of its calls "
+                         "(torch.cuda._sleep; cycles = µs x the SM clock measured in the run), the step reported "
+                         "with and without it (default 5; 0: none)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--layout", default="prepared", choices=("prepared", "raw"), help="PQ2 weight layout timed")
     ap.add_argument("--quick", action="store_true", help="the targets' M only, 7 rounds, --budget-s 180")
@@ -93,6 +97,16 @@ def _positive(s):
     return v
 
 
+def _nonneg(s):
+    try:
+        v = float(s)
+    except ValueError:
+        v = None
+    if v is None or not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
+    return v
+
+
 def _fraction(s):
     try:
         v = float(s)
@@ -112,7 +126,7 @@ def config(args):
                   pairs=pick(args.pairs, "pairs"), warmup=pick(args.warmup, "warmup"), rotate_gb=args.rotate_gb,
                   min_sample_ms=args.min_sample_ms, bw_gb=args.bw_gb, reruns=pick(args.reruns, "reruns"),
                   budget_s=pick(args.budget_s, "budget_s"), bf16_step=args.bf16_step,
-                  ci_width=args.ci_width, max_pairs=pick(args.max_pairs, "max_pairs"))
+                  ci_width=args.ci_width, max_pairs=pick(args.max_pairs, "max_pairs"), spin_us=args.spin_us)
 
 
 def jsonl_path(args) -> Path:

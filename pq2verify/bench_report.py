@@ -106,6 +106,10 @@ def progress_line(i: int, n: int, row: dict) -> str:
             return head + f"bandwidth: {row.get('note', st)}"
         parts = ", ".join(f"{k} {num(v.get('gbps'), 0)} GB/s" for k, v in row["probes"].items())
         return head + f"bandwidth: stream read {num(row['stream_read_gbps'], 0)} GB/s ({parts})"
+    if row["kind"] == "launch":
+        return head + f"launch cost {row['shape']} M={row['m']}: " + (
+            row.get("note", st) if st == "skipped" else "; ".join(launch_brief(e) for e in row.get("entries") or [])
+            or f"{st}: {row.get('error')}")
     if row["kind"] == "aa":
         what = f"A/A {row['shape']} M={row['m']} {path_cell(row, 'a')}"
         if st != "timed":
@@ -147,6 +151,12 @@ def progress_line(i: int, n: int, row: dict) -> str:
     errs = [lab for lab, v in (row.get("sol") or {}).items() if v.get("error")]
     if errs:
         bits.append("SOL ERROR " + ",".join(errs))
+    pw = row.get("power")
+    if pw:
+        bp = (pw.get("sides") or {}).get("b+spin") or {}
+        bits.append(f"power proxy ERROR {pw['error']}" if pw.get("error") else
+                    f"with {pw['spin_us']:g} µs spins: B {num((bp.get('time') or {}).get('median'), 3)} ms, "
+                    f"B matrix {num((bp.get('matrix') or {}).get('median'), 3)} ms at SM {clock_cell(bp)} MHz")
     if (row.get("timing") or {}).get("rounds"):
         bits.append(f"rounds {rounds_cell(row)}")
     if row.get("check_failures"):
@@ -164,6 +174,11 @@ STEP_COLS = ("M", "A paths", "B paths", "gate", "A ms", "B ms", "BF16 ms", "floo
 SOL_COLS = ("M", "floor ms", "plain ms", "PDL wait first", "PDL 1 chunk", "PDL 2", "PDL 4", "PDL all",
             "SOL = best", "SOL %floor", "A/SOL", "B/SOL")
 AA_COLS = ("item", "shape", "M", "path", "A µs", "A' µs", "A'/A (noise floor)", "rounds")
+POWER_COLS = ("M", "spin µs (cycles; cycles/µs)", "spins alone ms (µs per spin)", "A ms", "A+spin ms", "A matrix ms",
+              "B ms", "B+spin ms", "B matrix ms", "B matrix %floor", "B matrix / B plain", "B/A matrix",
+              "B SM MHz plain", "B SM MHz +spin", "B power W plain", "B power W +spin", "note")
+LAUNCH_COLS = ("shape", "M", "sides", "path", "host µs/call (min)", "GPU µs/call", "host/GPU", "launcher dominates",
+               "first call ms", "cache", "note")
 
 
 def sol_name(label) -> str:
@@ -225,6 +240,62 @@ def sol_cells(row: dict) -> list:
     return cells + [ratio_cell(r.get(f"{best}_over_{s}")) if best else DASH for s in ("a", "b")]
 
 
+def power_cells(row: dict) -> list:
+    """The step with and without the power proxy (a spin after each call): each side's plain and
+    with-spin ms, the matrix kernels' own ms (with-spin minus the spins alone, per round), clocks."""
+    pw = row.get("power") or {}
+    s, ps = row.get("sides") or {}, pw.get("sides") or {}
+    a, b = s.get("a") or {}, s.get("b") or {}
+    ap, bp, sp = ps.get("a+spin") or {}, ps.get("b+spin") or {}, ps.get("spin") or {}
+    cal = pw.get("calibration") or {}
+    notes = ([f"ERROR {pw['error']}"] if pw.get("error") else []) + \
+        [f"{lab} ERROR {v['error']}" for lab, v in ps.items() if v.get("error")] + \
+        [f"CHECK FAILED {f}" for f in pw.get("check_failures") or []]
+    spin = (f"{pw['spin_us']:g} ({pw.get('cycles', DASH)}; {num(cal.get('cycles_per_us'), 0)})" if pw else DASH)
+    return [str(row.get("m")), spin,
+            time_cell(sp, 3) + (f" ({num(sp['us_per_spin'], 2)})" if sp.get("us_per_spin") else ""),
+            time_cell(a, 3), time_cell(ap, 3), ci_cell(ap.get("matrix"), 3),
+            time_cell(b, 3), time_cell(bp, 3), ci_cell(bp.get("matrix"), 3), pct(bp.get("matrix_pct_floor")),
+            ratio_cell(bp.get("matrix_over_plain")), ratio_cell(pw.get("b_over_a")),
+            clock_cell(b), clock_cell(bp), power_cell(b), power_cell(bp), "; ".join(notes) or DASH]
+
+
+def ci_cell(ci, digits=3) -> str:
+    """median [95% bootstrap interval] of a time."""
+    if not ci:
+        return DASH
+    return f"{num(ci['median'], digits)} [{num(ci['lo'], digits)}-{num(ci['hi'], digits)}]"
+
+
+def launch_entries(res: dict) -> list:
+    """(launch row, entry) for every path of every launch row, by shape then M."""
+    return [(r, e) for r in _rows(res, "launch") for e in r.get("entries") or []]
+
+
+def launch_cells(row: dict, e: dict) -> list:
+    h, f = e.get("host") or {}, e.get("first_call") or {}
+    dom = e.get("dominates")
+    return [str(row.get("shape")), str(row.get("m")), e.get("sides", DASH), e.get("path", DASH),
+            f"{num(h['median_us'], 1)} ({num(h['min_us'], 1)})" if h else DASH, num(e.get("gpu_us"), 1),
+            f"{e['host_over_gpu']:.2f}x" if e.get("host_over_gpu") else DASH,
+            DASH if dom is None else "YES" if dom else "no", num(f.get("ms"), 0) if f else DASH,
+            f.get("cache", DASH) if f else "not first called in this process",
+            ("ERROR " + e["error"]) if e.get("error") else e.get("note") or DASH]
+
+
+def launch_brief(e: dict) -> str:
+    if e.get("error"):
+        return f"{e.get('path')} ({e.get('sides')}) ERROR {e['error']}"
+    h = e.get("host") or {}
+    out = f"{e['path']} ({e['sides']}) host {num(h.get('median_us'), 1)} µs/call vs GPU {num(e.get('gpu_us'), 1)} µs"
+    return out + (" LAUNCHER-BOUND" if e.get("dominates") else "")
+
+
+LAUNCH_NOTE = ("No cached launch plan was built: this table measures whether one is needed (a plan must be keyed "
+               "on more than a data pointer, which goes stale, and proven with the graph staleness checks); "
+               "a path marked YES is launcher-bound in eager prefill at that M.")
+
+
 def aa_cells(row: dict) -> list:
     s = row.get("sides") or {}
     return [row["key"], str(row.get("shape")), str(row.get("m")), path_cell(row, "a"), time_cell(s.get("a")),
@@ -282,6 +353,23 @@ def console_tables(res: dict) -> list:
         for r in rows:
             style = "red" if r.get("status") in ("blocked", "error") else None
             t.add_row(*cells(r) if r.get("status") != "error" else _error_cells(r, len(cols)), style=style)
+        out.append(t)
+    pws = [r for r in _rows(res, "step") if r.get("power")]
+    if pws:
+        t = Table(title=f"{title(res)}: decode step at serving clocks (a spin after each call; matrix = with spin "
+                        "minus the spins alone, per round)")
+        for col in POWER_COLS:
+            t.add_column(col, overflow="fold")
+        for r in pws:
+            t.add_row(*power_cells(r))
+        out.append(t)
+    le = launch_entries(res)
+    if le:
+        t = Table(title="launch cost outside graphs (eager prefill calls: host µs per call, first call in the process)")
+        for col in LAUNCH_COLS:
+            t.add_column(col, overflow="fold")
+        for r, e in le:
+            t.add_row(*launch_cells(r, e), style="red" if e.get("error") else "yellow" if e.get("dominates") else None)
         out.append(t)
     fits = fit_rows(res, res.get("stream_read_gbps"))
     if fits:
@@ -386,6 +474,24 @@ def summary_lines(res: dict) -> list:
             if side.get("fit_error"):
                 out.append(f"ERROR {r['key']} {s} fixed-cost fit: {side['fit_error']}")
         out += values_lines(r)
+        pw = r.get("power") or {}
+        if pw.get("error"):
+            out.append(f"POWER PROXY {r['key']}: {pw['error']} (the step without it stands)")
+        for lab, v in (pw.get("sides") or {}).items():
+            if v.get("error"):
+                out.append(f"POWER PROXY {r['key']} {lab}: {v['error']} (the step without it stands)")
+        for f in pw.get("check_failures") or []:
+            out.append(f"POWER PROXY {r['key']} CHECK AFTER TIMING FAILED {f} (its times are not trusted)")
+        if r.get("kind") == "launch":
+            if r.get("error"):
+                out.append(f"LAUNCH COST {r['key']}: {r['error']}")
+            for e in r.get("entries") or []:
+                if e.get("error"):
+                    out.append(f"LAUNCH COST {r['key']} {e.get('path')}: {e['error']}")
+    bound = sorted({f"{e['path']} at {r['shape']} M={r['m']} ({e['host']['median_us']:.0f} µs host > "
+                    f"{e['gpu_us']:.0f} µs GPU)" for r, e in launch_entries(res) if e.get("dominates")})
+    if bound:
+        out.append("launcher-bound in eager prefill (host µs per call > GPU µs per call): " + ", ".join(bound))
     if res.get("not_run"):
         out.append(f"PARTIAL: {len(res['not_run'])} items not run (budget of {res['config'].get('budget_s')} s spent; "
                    "--resume continues): " + ", ".join(res["not_run"]))
@@ -422,8 +528,6 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
           f"- settings: {c['pairs']} alternating rounds after {c['warmup']} warm-up, weights rotated through >= "
           f"{c['rotate_gb']} GB of copies, samples of >= {c['min_sample_ms']} ms, gate reruns {c['reruns']}, "
           f"budget {c['budget_s']} s; ran {res.get('elapsed_s', 0):.0f} s"]
-    from . import provenance
-    L += [f"- {w}" for w in [provenance.status_line(prov)] if w]      # the backend's missing records
     for line in summary_lines(res):
         L.append(f"- {line}")
     L += ["", "## Targets (H200)", ""]
@@ -477,6 +581,19 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
               + ("; " if "graph" in meth and "sum" in meth else "")
               + ("sum of the per-shape cuBLAS medians of this run times the calls per step" if "sum" in meth else "")]
         L += [f"- {n}" for n in sorted(notes)]
+    pws = [r for r in steps if r.get("power")]
+    if pws:
+        L += ["", "### At serving clocks: a low-power spin after each call (torch.cuda._sleep), the step with and "
+              "without it; matrix = the step with spins minus the graph of the spins alone, per round "
+              "(median [95% interval])", ""]
+        L += _md_table(POWER_COLS, [power_cells(r) for r in pws])
+        cal = {(r["power"].get("calibration") or {}).get("source") for r in pws} - {None}
+        L += [""] + [f"- spin calibration: {c}" for c in sorted(cal)]
+    le = launch_entries(res)
+    if le:
+        L += ["", "## Launch cost outside graphs (eager prefill calls)", ""]
+        L += _md_table(LAUNCH_COLS, [launch_cells(r, e) for r, e in le])
+        L += ["", f"- {LAUNCH_NOTE}"]
     shapes = _rows(res, "shape")
     if shapes:
         L += ["", "## Per shape (µs per call; B/A = A time / B time per round: median [95% bootstrap interval])", ""]
@@ -540,6 +657,25 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
           "- Suspicious: a side faster than the best speed-of-light read (a step) or than streaming its "
           "weight bytes at the measured bandwidth (a shape) by more than the noise floor: skipped work or a "
           "cached result, not a speedup; the run FAILs.",
+          "- Serving clocks (power proxy): after each call of the chained step, torch.cuda._sleep(cycles), a "
+          "one-thread kernel that spins on clock64() and touches no memory, standing in for the rest of the "
+          "model. cycles = --spin-us x cycles per µs, and cycles per µs is the SM clock in MHz (clock64 counts "
+          "SM cycles), measured in the same run just before the step's graphs are built: the median NVML SM "
+          "clock during a 20M-cycle calibration spin (without NVML: its cycles over its CUDA-event time). The "
+          "spins alone are one more graph in the same rounds: their time gives the realised µs per spin, and "
+          "the matrix kernels' own time is, per round, the step with spins minus the spins alone. A spin "
+          "between two PDL kernels cuts their edge (it is launched without PDL and never lets its successor "
+          "launch early), so the matrix time under the proxy holds the launch latency PDL hides in the plain "
+          "step. The proxy's graphs carry the step's checks after timing; a failure in them is reported in "
+          "its table and does not fail the run.",
+          "- Launch cost outside graphs: for each shape at each prefill M (M > 16) and each side's path, "
+          "time.perf_counter around each of 20 eager calls (5 rounds; the median over the 100 calls), the GPU "
+          "first given a spin that outlasts the round, so the calls queue behind it and the host's cost is "
+          "measured, not the GPU's (a round that outlasts the spin is noted). GPU µs/call = the shape row's "
+          "graph-timed median of the same path at the same M; launcher dominates = host > GPU. First call = the "
+          "first call of the path in the process (the trace that proves the path), device synchronized around "
+          "it; cold when Triton's on-disk cache gained entries across it (compiled), warm when not (loaded). "
+          + LAUNCH_NOTE,
           "- A == B: an item whose A and B resolve to the same path is not timed (dense shapes, the cuBLAS "
           "reference, time A alone); a run in which no item differs is refused before any work."]
     if png_name:

@@ -457,7 +457,11 @@ def test_plan_puts_the_targets_first():
     assert [i.key for i in plan] == ["bandwidth", "aa", "shape:gate_up:m1", "shape:in_proj_ba:m1", "step:m1",
                                      "shape:gate_up:m2048", "shape:in_proj_ba:m2048", "step:m16",
                                      "shape:gate_up:m2", "shape:in_proj_ba:m2",
-                                     "shape:gate_up:m128", "shape:in_proj_ba:m128", "aa:last"]
+                                     "shape:gate_up:m128", "shape:in_proj_ba:m128",
+                                     # eager launch cost at each prefill M (> 16), after every timed row
+                                     "launch:gate_up:m2048", "launch:in_proj_ba:m2048",
+                                     "launch:gate_up:m128", "launch:in_proj_ba:m128", "aa:last"]
+    assert "launch" not in {i.kind for i in bench.make_plan(Config(ms=(2048,), step_ms=()), shapes, with_step=False)}
     assert plan[1].shape.name == "gate_up" and plan[1].m == 1       # the A/A row: a PQ2 shape, the first M
     with pytest.raises(ValueError, match="unknown"):
         bench.select_shapes("gate_upp", "bonsai27b")

@@ -18,6 +18,7 @@ class Call:
     k: int
     m: int
     nbytes: int                    # weight bytes this call must read
+    us: float = 0.0                # a power-proxy spin's nominal µs (power.py); 0 for kernels
 
     @property
     def flops(self) -> int:

@@ -14,6 +14,7 @@ from .plan import GB
 from .gate import BaselineInputs, Gate, gate, traced_path
 from .contestants import Call, Contestant
 from .timing import GraphTimer, Sampler, nvml_reader
+from . import launch, power
 
 
 class RealEnv:
@@ -30,6 +31,8 @@ class RealEnv:
         self.reruns = 2
         self._gates = {}
         self._nvml = None
+        self.first_calls = {}           # path -> its first call in the process (launch.first_call)
+        self._busy_cal = None
 
     def provenance(self) -> dict:
         from .. import provenance
@@ -57,7 +60,11 @@ class RealEnv:
     def side(self, kset: str, case0, inp):
         """(path the set ran, its gate) for these inputs."""
         try:
-            path = traced_path(kset, inp)
+            if self.can_time:       # the first call of a path in the process: compile or cache load
+                path, rec = launch.first_call(lambda: traced_path(kset, inp), torch.cuda.synchronize)
+                self.first_calls.setdefault(path, {**rec, "case": case0.id, "kset": kset})
+            else:
+                path = traced_path(kset, inp)
         except Exception as e:
             try:
                 path = dispatch.resolve(case0.m, inp.w, inp.x, kset).name
@@ -74,6 +81,30 @@ class RealEnv:
 
     def timer(self, c: Contestant):
         return GraphTimer(c.build(), c.per)
+
+    def spin_calibration(self) -> dict:
+        """Cycles per µs of the power proxy's spin, measured now (power.measure_calibration)."""
+        read, _ = self._reader()
+        return power.measure_calibration(read)
+
+    def host_cost(self, path: str, inp) -> dict:
+        """Host µs per eager call of `path` on inp (launch.host_us), the GPU kept busy by a spin."""
+        import functools
+
+        from .. import registry
+        run = registry.get(path).kernel()
+        y = torch.empty(inp.x.shape[0], inp.case.n, dtype=inp.x.dtype, device=inp.x.device)
+        f = functools.partial(run, inp.x, inp.w, out=y)
+        f()                      # compiled and loaded before the clock runs
+        torch.cuda.synchronize()
+        if self._busy_cal is None:
+            self._busy_cal = self.spin_calibration()
+        try:
+            return launch.host_us(f, busy=launch.cuda_busy(self._busy_cal["cycles_per_us"]),
+                                  settle=torch.cuda.synchronize)
+        finally:
+            del y
+            torch.cuda.synchronize()
 
     def _reader(self):
         if self._nvml is None:
@@ -109,9 +140,16 @@ FAKE_EFF = {"single": 0.87, "small_mma": 0.78, "int_gemv": 0.60, "native": 0.35,
             "probe:sol_pdl1": 0.82, "probe:sol_pdl2": 0.90, "probe:sol_pdl4": 0.95, "probe:sol_pdl_all": 0.97}
 FAKE_RATE = {"mmq": 0.75e15, "mmq_planes": 0.98e15, "cublas": 0.72e15, "native": 0.15e15}
 FAKE_BW = 4.34e12
+# dry-run launch costs: host µs per eager call, and the first call's ms, per path (default 50, 900)
+FAKE_HOST_US = {"mmq": 108.0, "mmq_planes": 110.0, "mmq_wgmma": 95.0, "native": 40.0, "cublas": 12.0,
+                "small_gemm": 60.0, "int_gemv": 45.0, "single": 30.0, "small_mma": 35.0}
+FAKE_FIRST_MS = 900.0
+FAKE_SM_MHZ = 1980
 
 
 def fake_us(call: Call) -> float:
+    if call.path == "spin":            # a power-proxy spin: its nominal length plus the launch
+        return call.us + 2.0
     t = call.nbytes / (FAKE_BW * FAKE_EFF.get(call.path, 0.5))
     if call.m > 16:
         t = max(t, call.flops / FAKE_RATE.get(call.path, 0.1e15))
@@ -171,6 +209,7 @@ class FakeEnv:
         self.seed = seed
         self.noise = noise
         self.built = []            # labels whose timers were built, in order (for tests)
+        self.first_calls = {}
 
     def provenance(self) -> dict:
         from .. import provenance
@@ -192,7 +231,18 @@ class FakeEnv:
 
     def side(self, kset, case0, inp):
         path = dispatch.resolve(case0.m, inp.w, inp.x, kset).name
+        self.first_calls.setdefault(path, {"ms": FAKE_FIRST_MS, "new_cache_entries": None,
+                                           "cache": "dry run: nothing compiled", "case": case0.id, "kset": kset})
         return path, self._gate(path, replace(case0, path=path))
+
+    def spin_calibration(self) -> dict:
+        """The fake sampler's SM clock, as the real calibration reads NVML's."""
+        return power.calibration([self.sampler().read()["sm_mhz"]], power.CAL_CYCLES, None)
+
+    def host_cost(self, path: str, inp) -> dict:
+        """launch.host_us on a fake clock that each call advances by FAKE_HOST_US[path]."""
+        clock = _FakeClock()
+        return launch.host_us(lambda: clock.advance(FAKE_HOST_US.get(path, 50.0) * 1e-6), clock=clock)
 
     def baseline(self, inp):
         return inp
@@ -205,13 +255,24 @@ class FakeEnv:
         return FakeTimer(c, zlib.crc32(f"{self.seed}:{c.label}:{len(self.built)}".encode()), self.noise)
 
     def sampler(self):
-        return Sampler(lambda: {"sm_mhz": 1980, "mem_mhz": 3201, "power_w": 520.0}, 0)
+        return Sampler(lambda: {"sm_mhz": FAKE_SM_MHZ, "mem_mhz": 3201, "power_w": 520.0}, 0)
 
     def free_bytes(self) -> int:
         return int(self.free)
 
     def release(self) -> None:
         pass
+
+
+class _FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
 
 
 def _triton_version() -> str:

@@ -1,4 +1,5 @@
-"""The items of a run: the bandwidth row, one (shape, M) row, and the decode step."""
+"""The items of a run: the bandwidth row, one (shape, M) row, the decode step (with its power
+proxy, power.py) and the launch cost of eager prefill calls (launch.py)."""
 
 import functools
 from dataclasses import replace
@@ -11,7 +12,7 @@ from .contestants import (Call, Contestant, bf16_contestant, contestant_for, pat
 from .timing import fit_fixed_bw, measure, round_ratios, spread
 from .probe import bandwidth_probes
 from .sol import SOL_LABELS, sol_contestants
-from . import checkafter, stats
+from . import checkafter, launch, power, stats
 from .step import chain_stats, step_contestant, step_parts, step_weights
 
 
@@ -240,10 +241,26 @@ def run_step(env, cfg: Config, item: Item, bw: float | None, rows: dict) -> dict
     reads = [Call("", shapes[nm].n, shapes[nm].k, 0, nb) for nb, (nm, _) in zip(nbytes, chain)]
     sols = sol_contestants(weights, reads)
     contestants += sols
+    spun, prow = _power_contestants(env, cfg, [c for c in contestants if c.label in ("a", "b")], len(chain))
+    contestants += spun
+    if prow is not None:
+        row["power"] = prow
     info = {}
     times, reps, clocks, failed = measure(env, contestants, cfg, compare=[("a", "b"), ("bf16", "b")], info=info)
+    if prow is not None:       # the proxy's checks after timing are its own: noted there, not fatal
+        after = {lab: info["after"].pop(lab) for lab in power.POWER_LABELS if lab in (info.get("after") or {})}
+        if after:
+            prow["after"] = after
+            prow["check_failures"] = checkafter.failures(after)
     _timing_notes(row, info)
     for c in contestants:
+        if c.label in power.POWER_LABELS:
+            dest = prow["sides"].setdefault(c.label, {})
+            if c.label in failed:
+                dest["error"] = failed[c.label]
+            else:
+                _fill(dest, c, times[c.label], reps[c.label], clocks[c.label], bw, 1e3)
+            continue
         dest = row["sol"].setdefault(c.label, {"pdl": c.label != "sol", "depth": c.depth}) \
             if c.label in SOL_LABELS else sides[c.label]
         if c.label in failed:
@@ -259,9 +276,98 @@ def run_step(env, cfg: Config, item: Item, bw: float | None, rows: dict) -> dict
     row["sol_best"] = min(timed_sols, key=lambda lab: row["sol"][lab]["time"]["median"]) if timed_sols else None
     if method == "sum" and "bf16" not in blocked:
         _summed_bf16(row, rows, m)
-    bad = [lab for lab in failed if lab not in SOL_LABELS]   # a failed SOL read is noted, not fatal
+    if prow is not None:
+        _power_summary(prow, times, floor_ms)
+    # a failed SOL read or power-proxy graph is noted, not fatal
+    bad = [lab for lab in failed if lab not in SOL_LABELS and lab not in power.POWER_LABELS]
     row["status"] = ("error" if bad else "blocked" if blocked else
                      "suspect" if row.get("check_failures") else "timed")
+    return row
+
+
+def _power_contestants(env, cfg: Config, steps: list, n: int) -> tuple:
+    """([each step side with a spin after each call, the spins alone], the row's 'power' entry):
+    none when --spin-us is 0; a failed calibration is the entry's error (the step runs on)."""
+    if not cfg.spin_us or not steps:
+        return [], None
+    prow = {"spin_us": cfg.spin_us, "spins": n, "sides": {}}
+    try:
+        cal = env.spin_calibration()
+        cycles = power.cycles_for(cfg.spin_us, cal["cycles_per_us"])
+    except Exception as e:
+        prow["error"] = f"spin calibration failed: {type(e).__name__}: {e}"
+        return [], prow
+    prow.update(calibration=cal, cycles=cycles)
+    out = [power.with_spins(c, f"{c.label}+spin", cycles, cfg.spin_us) for c in steps]
+    return out + [power.spins_only(n, cycles, cfg.spin_us)], prow
+
+
+def _power_summary(prow: dict, times: dict, floor_ms: float | None) -> None:
+    """The proxy's numbers: µs per spin (the spins alone), and per side the matrix kernels' own
+    ms (step+spin minus spin, per round), their % of the floor, the matrix time over the plain
+    step's (per round) and B/A on the matrix times."""
+    sp = times.get("spin")
+    if sp:
+        prow["sides"]["spin"]["us_per_spin"] = spread(sp)["median"] / prow["spins"]
+    mat = {}
+    for s in ("a", "b"):
+        ws = times.get(f"{s}+spin")
+        if not ws or not sp:
+            continue
+        mat[s] = power.matrix_rounds(ws, sp)
+        ci = stats.bootstrap_median([v / 1e3 for v in mat[s]])
+        dest = prow["sides"][f"{s}+spin"]
+        dest["matrix"] = ci
+        dest["matrix_pct_floor"] = floor_ms / ci["median"] if floor_ms and ci and ci["median"] > 0 else None
+        if times.get(s):
+            dest["matrix_over_plain"] = stats.ratio_interval(mat[s], times[s])
+    if "a" in mat and "b" in mat:
+        prow["b_over_a"] = stats.ratio_interval(mat["a"], mat["b"])
+
+
+def run_launch(env, cfg: Config, item: Item, rows: dict) -> dict:
+    """Host µs per eager call of each side's path for one (shape, prefill M), against the GPU
+    time per call of that path in the shape row at the same M, and the path's first call in the
+    process (launch.py). A failed measurement is the entry's error; the run goes on."""
+    shape, m = item.shape, item.m
+    row = {"kind": "launch", "key": item.key, "shape": shape.name, "n": shape.n, "k": shape.k, "m": m,
+           "dtype": cfg.dtype, "entries": [], "note": "eager calls (prefill), not graphs"}
+    if not env.can_time:
+        return {**row, "status": "skipped", "note": env.why_not}
+    case0 = bench_case("cublas" if shape.dense else "native", shape, m, cfg)
+    srow = (rows.get(f"shape:{shape.name}:m{m}") or {}).get("sides") or {}
+    try:
+        inp = env.inputs(case0)
+    except Exception as e:
+        return {**row, "status": "instrument failed", "error": f"inputs: {type(e).__name__}: {e}"}
+    by = {}
+    for s, kset in (("a", cfg.a), ("b", cfg.b)):
+        try:
+            path, g = env.side(kset, case0, inp)
+        except Exception as e:
+            row["entries"].append(launch.entry("?", s, None, None, None, f"{type(e).__name__}: {e}"))
+            continue
+        by.setdefault(path, {"sides": [], "gate": g})["sides"].append(s)
+    for path, v in by.items():
+        first = env.first_calls.get(path)
+        gpu = next((srow[s]["time"]["median"] for s in v["sides"]
+                    if (srow.get(s) or {}).get("path") == path and srow[s].get("time")), None)
+        who = ",".join(v["sides"])
+        if not v["gate"].ok:
+            row["entries"].append(launch.entry(path, who, None, gpu, first,
+                                               f"gate {v['gate'].status}: {v['gate'].reason} (not run)"))
+            continue
+        try:
+            host = env.host_cost(path, inp)
+        except Exception as e:
+            env.release()
+            row["entries"].append(launch.entry(path, who, None, gpu, first, f"{type(e).__name__}: {e}"))
+            continue
+        row["entries"].append(launch.entry(path, who, host, gpu, first))
+    del inp
+    env.release()
+    row["status"] = "timed" if row["entries"] and not any(e.get("error") for e in row["entries"]) \
+        else "instrument failed"
     return row
 
 
@@ -299,4 +405,6 @@ def execute(env, cfg: Config, item: Item, bw, rows: dict) -> dict:
         return run_shape(env, cfg, item, bw)
     if item.kind == "aa":
         return run_aa(env, cfg, item, bw)
+    if item.kind == "launch":
+        return run_launch(env, cfg, item, rows)
     return run_step(env, cfg, item, bw, rows)

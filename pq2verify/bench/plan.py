@@ -36,6 +36,7 @@ TARGET_STEP_M1_VS_BF16 = 8.0
 TARGET_STEP_SMALL_FLOOR = 0.70
 TARGET_PREFILL_VS_BF16 = 1.25
 PREFILL_M = 2048
+LAUNCH_MIN_M = 16      # M above this is prefill (eager in serving): its launch cost is measured
 # The H200's dense int8 tensor-core peak (Top/s at its 1980 MHz boost): prefill rows give their
 # fraction of it (on another GPU the column still reads against the H200's).
 INT8_PEAK_TOPS = 1979.0
@@ -60,6 +61,7 @@ class Config:
     bf16_step: str = "auto"        # auto | graph | sum
     ci_width: float | None = 0.02  # rounds extend until intervals are this narrow (None: never extend)
     max_pairs: int | None = 25     # ... or this many rounds are timed
+    spin_us: float = 5.0           # the step's power proxy: a spin of this many µs after each call (0: none)
 
     def check(self) -> None:
         for opt, name in (("--a ", self.a), ("--b ", self.b)):
@@ -76,6 +78,8 @@ class Config:
                        ("--min-sample-ms", self.min_sample_ms), ("--ci-width", self.ci_width)):
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{opt} {v!r}: expected a positive number")
+        if not (math.isfinite(self.spin_us) and self.spin_us >= 0):
+            raise ValueError(f"--spin-us {self.spin_us!r}: expected a number >= 0 (0: no power proxy)")
         if self.max_pairs is not None and self.max_pairs < self.pairs:
             raise ValueError(f"--max-pairs {self.max_pairs}: at least --pairs ({self.pairs})")
 
@@ -96,15 +100,15 @@ class Shape:
 
 @dataclass(frozen=True)
 class Item:
-    kind: str                      # bandwidth | aa | shape | step
+    kind: str                      # bandwidth | aa | shape | step | launch
     m: int = 0
     shape: Shape | None = None
     tag: str = ""                  # aa: '' (the first A/A row) or 'last' (the run's closing bracket)
 
     @property
     def key(self) -> str:
-        if self.kind == "shape":
-            return f"shape:{self.shape.name}:m{self.m}"
+        if self.kind in ("shape", "launch"):
+            return f"{self.kind}:{self.shape.name}:m{self.m}"
         if self.kind == "aa":
             return "aa" + (f":{self.tag}" if self.tag else "")
         return f"step:m{self.m}" if self.kind == "step" else self.kind
@@ -194,7 +198,9 @@ def aa_shape(shapes: list) -> Shape:
 
 def make_plan(cfg: Config, shapes: list, with_step: bool) -> list:
     """Bandwidth, the A/A row (the control against itself: the run's noise floor) at the first
-    M, then the targets' M first; the A/A row again at the end closes the run's drift bracket."""
+    M, then the targets' M first; then the launch cost of each shape at each prefill M (M >
+    LAUNCH_MIN_M, eager calls; with the step, on a GPU); the A/A row again at the end closes the
+    run's drift bracket."""
     items = [Item("bandwidth")]
     step_ms = set(cfg.step_ms) if with_step else set()
     ms = order_ms(set(cfg.ms) | step_ms)
@@ -205,6 +211,8 @@ def make_plan(cfg: Config, shapes: list, with_step: bool) -> list:
             items += [Item("shape", m, s) for s in shapes]
         if m in step_ms:
             items.append(Item("step", m))
+    if with_step:
+        items += [Item("launch", m, s) for m in ms if m in cfg.ms and m > LAUNCH_MIN_M for s in shapes]
     return items + [replace(i, tag="last") for i in aa]
 
 

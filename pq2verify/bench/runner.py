@@ -93,7 +93,7 @@ def run(cfg: Config, env, *, jsonl: Path, resume: bool = False, progress=None, c
         if item.key in done and item.key != "aa:last":      # the closing bracket is this run's own
             row = done[item.key]
             res["resumed"].append(item.key)
-        elif spent() and item.key != "aa:last":
+        elif spent() and item.key != "aa:last" and item.kind != "launch":      # launch rows: cheap, run regardless
             res["not_run"].append(item.key)
             continue
         else:
