@@ -257,3 +257,58 @@ def test_the_doc_gives_the_steps():
               "./pq2 --device cuda golden capture --model", "git add pq2verify/verified/exact-<key>.json golden/<key>"):
         assert s in doc, f"{backend_status.DOC} lacks {s!r}; reproduce: {REPRO} -k doc"
     assert "NEW_BACKEND.md" in (kernelsets._ROOT / "docs" / "ADDING_A_PATH.md").read_text()
+
+
+# --- the other reports: bench, selftest, GSM8K, replay -------------------------------------------
+def _one_warning_line(md: str) -> str:
+    lines = [x for x in md.splitlines() if "WARNING: backend sm86" in x]
+    assert len(lines) == 1, md[:2000]
+    assert "no exactness record" in lines[0] and STEPS[0] in lines[0] and STEPS[1] in lines[0]
+    assert html_report.from_markdown(md).count('<p class="warn">WARNING: backend sm86') == 1
+    return lines[0]
+
+
+def test_bench_report_carries_it(fake, tmp_path, capsys):
+    from pq2verify import bench_report
+    j = tmp_path / "b.json"
+    rc, out, err = _run(capsys, "bench", "--dry-run", "--quick", "--shapes", "out", "--json", str(j))
+    assert rc == 0 and err.count("WARNING: backend sm86") == 1, out + err
+    res = json.loads(j.read_text())
+    # the dry run's fake machine has a provenance of its own; a real run's is provenance.collect()
+    res["header"]["provenance"]["backend_status"] = backend_status.status()
+    _one_warning_line(bench_report.markdown(res, None))
+    del res["header"]["provenance"]["backend_status"]
+    assert "WARNING" not in bench_report.markdown(res, None)
+
+
+def test_selftest_report_and_json_carry_it(fake):
+    from pq2verify import selftest
+    _one_warning_line(selftest.markdown([]))
+    assert selftest.to_json([], "cpu")["provenance"]["backend_status"]["key"] == FAKE
+
+
+def test_gsm8k_report_carries_it(fake):
+    from pq2verify.gsm8k import report
+    c = report.compare({}, {})
+    rep = {"a": {"label": "A legacy"}, "b": {"label": "B tuned"},
+           "model": {"id": "m", "digits": 4, "ternary": False, "rel_rms": 0.1, "max_rel_rms": 0.2},
+           "data": {"source": "s", "n": 0, "format": "chat", "shots": 2, "max_new_tokens": 8, "batch_size": 1},
+           "backend": FAKE, "runs": [], "compare": c, "control": None, "floor": None, "teacher": None,
+           "verdict": None, "backend_status": backend_status.status(FAKE)}
+    _one_warning_line(report.markdown(rep))
+    assert "WARNING" not in report.markdown({**rep, "backend_status": {**rep["backend_status"], "missing": []}})
+
+
+def test_replay_report_and_json_carry_it(tmp_path, tmp_path_factory, capsys, monkeypatch, folders):
+    """The real interpreter replay (its emulation backend), told that its backend lacks records."""
+    import test_replay as tr
+    st = backend_status.status(FAKE)
+    d = tr._capture(tmp_path_factory, "cpu", tr.H_INTERP)
+    tr._isolate(monkeypatch, "cpu", tr.H_INTERP)
+    monkeypatch.setattr(backend_status, "status", lambda key=None: st)
+    md, j = tmp_path / "r.md", tmp_path / "r.json"
+    rc, out, err = _run(capsys, "replay", "--capture", str(d), "--m", "1", "--markdown", str(md), "--json", str(j))
+    assert rc == 0, out + err
+    assert err.count("WARNING: backend sm86") == 1
+    _one_warning_line(md.read_text())
+    assert json.loads(j.read_text())["provenance"]["backend_status"] == st
