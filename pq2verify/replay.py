@@ -267,6 +267,10 @@ FAULTS = {
                  "folded in ascending order; an offset up)", None),
     "round_down": ("FAIL", "the target's output rounded toward -inf instead of to nearest (B's own dots "
                    "folded in ascending order; an offset down)", None),
+    # inside every per-call bound by construction: the linked chain (chain.py) must catch it
+    "coherent": ("PASS", "the target gate_up's outputs moved within their per-element bounds, lined up "
+                 "with a row of the down weight (chain.FAULT_WHY): per-call PASS, chain FAIL",
+                 "mlp.gate_proj+up_proj"),
 }
 CONTROL = "fold_reversed"
 _SCALE = {"scale_ulp": _ulp_up, "scale_ulp_down": _ulp_down,
@@ -282,6 +286,7 @@ class Fault:
     where: str             # the selector as given (or the default), for repro lines
     _w: dict = field(default_factory=dict)
     _seen: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)   # coherent: {"refs": References, "weights": {name: w}}
 
     @property
     def spec(self) -> str:
@@ -300,9 +305,16 @@ class Fault:
             self._w[name] = _scales_changed(w, fn)
         return self._w[name]
 
-    def output(self, c: Call, w, y, dots, prev):
+    def output(self, c: Call, w, y, dots, prev, path=None):
         if c.layer not in self.targets:
             return y
+        if self.name == "coherent":
+            from . import chain
+            down = c.layer[: -len(chain.GATE_UP)] + chain.DOWN
+            weights = self.context["weights"]
+            (ch,) = chain.chains_of([c], {c.layer: w, down: weights[down]})
+            return chain.coherent_output(c, y, path, self.context["refs"], chain.folded_down(weights[down], ch),
+                                         ch.inter)
         if self.name in ("fold_reversed", "round_up", "round_down"):
             if dots is None:
                 raise ReplayError(f"fault {self.name}: B's path for {c.key} writes no integer dots "
@@ -350,6 +362,14 @@ def parse_fault(spec: str, calls: list, opt: str = "--fault") -> Fault:
         targets = [n for n in names if where in n]
     if not targets:
         raise ReplayError(f"{opt} {spec!r}: {where!r} matches no replayed weight, e.g. {names[:2]}")
+    if name == "coherent":
+        from . import chain
+        have = set(names)
+        bad = [t for t in targets if not t.endswith(chain.GATE_UP) or t[: -len(chain.GATE_UP)] + chain.DOWN not in have]
+        if bad:
+            raise ReplayError(f"{opt} {spec!r}: targets a gate_up weight whose layer's down_proj is replayed too "
+                              f"(it lines up with the down weight); {bad[0]} is not one: replay e.g. --layers "
+                              "layers.0.mlp")
     if name == "stale_tile" and not any(_two_inputs(calls, t) for t in targets):
         raise ReplayError(f"{opt} {spec!r}: needs two replayed calls of a target (the tile comes from the "
                           "previous call); replay more positions")
@@ -410,7 +430,7 @@ def run_side(spec: dict, calls, weights, fault: Fault | None = None, log=None, c
             w = weights[c.layer] if fault is None else fault.weight(c.layer, weights[c.layer])
             y, path, dots, src, notes = _call(c.x, w, _emulated_dots(c, weights[c.layer], cache))
             if fault is not None:
-                y = fault.output(c, w, y, dots, prev.get((c.layer, c.x.shape[0])))
+                y = fault.output(c, w, y, dots, prev.get((c.layer, c.x.shape[0])), path=path)
             prev[(c.layer, c.x.shape[0])] = y
             outs.append(Out(path, y.cpu(), None if dots is None else dots.cpu().to(torch.int64), src, notes))
             if log and (i + 1) % 60 == 0:

@@ -6,6 +6,13 @@ and B on the same real activations and compared with the FP64 references and wit
   pq2verify replay --a legacy --b tuned --fault scale_ulp      # B with a planted fault: must FAIL
   pq2verify replay --a legacy --b tuned --faults all --markdown results/cpu/replay-faults.md
 
+Linked chains (pq2verify.chain): where the selection holds a layer's mlp.gate_proj+up_proj and
+mlp.down_proj, each captured gate_up input also runs gate_up -> silu(gate)*up -> down end to end
+through A's and through B's kernels against an FP64 chain, with its own derived bound; on by
+default when the selection has such a pair (--chains demands one, --no-chains skips them). The
+planted fault `coherent` passes every per-call check and must fail the chain:
+  pq2verify replay --layers layers.0.mlp --m 1 --faults none,fold_reversed,coherent
+
 --faults runs B unchanged, the fold-order control and every planted fault against one A run and
 prints the separation table; it exits 0 only if each got its expected verdict. A and B must
 dispatch to different paths (or fold orders) on every call compared, else it is refused.
@@ -59,6 +66,9 @@ def register(sub) -> None:
                      "substring; NAME: " + "; ".join(f"{k}: {v[1]}" for k, v in replay.FAULTS.items()))
     one.add_argument("--faults", default=None, help="'all' or a comma list of variants ('none' = B unchanged): "
                      "the separation table")
+    p.add_argument("--chains", default=None, action=argparse.BooleanOptionalAction,
+                   help="linked gate_up -> silu*up -> down chains (default: on where the selection holds a layer's "
+                        "gate_up and down; --chains: refuse a selection without one)")
     p.add_argument("--json", default=None, help="write every call's metrics to this file")
     p.add_argument("--markdown", default=None, help="write the report as Markdown to this file")
     p.add_argument("--cpu-backend", default="emulate", choices=("emulate", "interpreter"),
@@ -80,6 +90,8 @@ def command(args) -> str:
         v = getattr(args, opt)
         if v is not None:
             parts += [f"--{opt}", str(v)]
+    if getattr(args, "chains", None) is not None:
+        parts += ["--chains" if args.chains else "--no-chains"]
     if args.positions is not None:
         parts += ["--positions", ",".join(map(str, args.positions))]
     if tuple(args.m) != DEFAULT_M:
@@ -201,6 +213,10 @@ def _main(args, spec_a, spec_b, capture: Path) -> int:
     man, calls, weights = replay.load(capture, device, positions=args.positions, layers=args.layers, limit=args.limit,
                                       ms=args.m)
     names_ = list(weights)
+    from . import chain
+    chains = [] if args.chains is False else chain.chains_of(calls, weights, man.get("digits"))
+    if args.chains and not chains:
+        raise UsageError(f"--chains: {chain.missing_note(calls, weights)}")
     variants = _variants(args, calls)
     # what dispatch will run for A and B, decided from the shapes and Ms before any call
     planned = {"a": replay.resolve_paths(spec_a, calls, weights), "b": replay.resolve_paths(spec_b, calls, weights)}
@@ -211,7 +227,12 @@ def _main(args, spec_a, spec_b, capture: Path) -> int:
     log(f"replay: {len(calls)} calls of {len(names_)} PQ2 weights from {capture} (model {man.get('model_id')}, "
         f"captured on {on}); backend {key} [{time.perf_counter() - t0:.1f}s]")
     refs, cache = replay.References(calls, weights), {}
+    for v in variants:
+        if v is not None:
+            v.context = {"refs": refs, "weights": weights}
     outs_a = replay.run_side(spec_a, calls, weights, log=log, cache=cache)
+    crefs = chain.Refs(chains, weights, refs) if chains else None
+    chain_a = chain.run_side(spec_a, chains, weights) if chains else None
     runs, plain_b, ran = [], None, None
     for v in variants:
         t1 = time.perf_counter()
@@ -224,11 +245,17 @@ def _main(args, spec_a, spec_b, capture: Path) -> int:
             not torch.equal(o.y.view(torch.int16), b.y.view(torch.int16)) for o, b in zip(outs_b, plain_b))
         res["fault"] = None if v is None else v.spec
         res["expected"] = "PASS" if v is None else replay.FAULTS[v.name][0]
+        res["chain"] = None
+        if chains:
+            res["chain"] = chain.evaluate(chains, crefs, chain_a, chain.run_side(spec_b, chains, weights, v), v)
+            res["chain"]["expected"] = chain.expected(v)
         res["seconds"] = time.perf_counter() - t1
         runs.append(res)
         log(f"B{'' if v is None else ' with ' + v.spec}: {'PASS' if res['ok'] else 'FAIL'} [{res['seconds']:.1f}s]")
     ctx = dict(command=command(args), capture=str(capture), model=man.get("model_id"), digits=man.get("digits"),
-               captured_on=on, backend=key, a=args.a, b=args.b, calls=len(calls),
+               captured_on=on, backend=key, a=args.a, b=args.b, calls=len(calls), chains=len(chains),
+               chain_note=None if chains else ("linked chains off (--no-chains)" if args.chains is False
+                                               else chain.missing_note(calls, weights)),
                weights=len(names_), seconds=round(time.perf_counter() - t0, 1), paths=ran)
     text = report(ctx, runs, args, device)
     from .backend_status import line, status
@@ -239,9 +266,21 @@ def _main(args, spec_a, spec_b, capture: Path) -> int:
                        ("--json", args.json, lambda: json.dumps({**ctx, "provenance": provenance.collect(),
                                                                  "runs": runs}, indent=1, default=float) + "\n")])
     if args.faults is not None:
-        return 0 if all((r["ok"] and r["expected"] == "PASS") or (not r["ok"] and r["expected"] == "FAIL")
-                        for r in runs) else 1
-    return 0 if runs[0]["ok"] else 1
+        return 0 if all(as_expected(r) for r in runs) else 1
+    return 0 if runs[0]["ok"] and chain_verdict(runs[0]) in (None, "PASS") else 1
+
+
+def chain_verdict(r: dict) -> str | None:
+    """The linked chains' verdict of one run: PASS, FAIL, or None without chains."""
+    c = r.get("chain")
+    return None if not c else ("PASS" if c["ok"] else "FAIL")
+
+
+def as_expected(r: dict) -> bool:
+    """A run's per-call verdict and, where one is expected, its chain verdict are as expected."""
+    c = r.get("chain")
+    chain_ok = not c or c["expected"] is None or chain_verdict(r) == c["expected"]
+    return chain_ok and r["ok"] == (r["expected"] == "PASS")
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -365,6 +404,96 @@ def separation_table(runs: list) -> list[str]:
     return out
 
 
+def chain_table(res: dict) -> list[str]:
+    """Per chain kind and M: the per-call error of step 2 (on the chain's own input), the chain's
+    error against the FP64 chain after each step, its growth, the derived bound and the verdict."""
+    c = res["chain"]
+    groups = {}
+    for r in c["chains"]:
+        groups.setdefault((r["position"] if isinstance(r["position"], int) else r["m"], isinstance(r["position"], str)),
+                          []).append(r)
+    out = ["| chain | pos / M | chains | paths A / B (step 1, step 2) | per-call relRMS A / B | chain relRMS A "
+           "(step 1 / act / step 2) | chain relRMS B (step 1 / act / step 2) | growth A / B | bound relRMS "
+           "| worst / bound A / B | lined up (sigma) A / B | relRMS A-B | verdict |", "|" + "---|" * 13]
+    for (pos, batched), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        def mx(side, f):
+            return max(r[side][f] for r in rs)
+
+        def paths(side):
+            return "/".join(sorted({",".join(r[side]["paths"]) for r in rs}))
+        bad = sum(bool(r["failures"]) for r in rs)
+        pc = sum(bool(r["a"]["per_call_failures"] or r["b"]["per_call_failures"]) for r in rs)
+        verdict = "PASS" if not bad else f"**FAIL** ({bad} chains)"
+        if pc:
+            verdict += f"; per-call FAIL in {pc}"
+        out.append(f"| {c['kind']} | {'M' + str(pos) if batched else pos} | {len(rs)} | {paths('a')} / {paths('b')} "
+                   f"| {_g(mx('a', 'per_call'))} / {_g(mx('b', 'per_call'))} "
+                   f"| {_g(mx('a', 'step1'))} / {_g(mx('a', 'act'))} / {_g(mx('a', 'chain'))} "
+                   f"| {_g(mx('b', 'step1'))} / {_g(mx('b', 'act'))} / {_g(mx('b', 'chain'))} "
+                   f"| {mx('a', 'growth'):.2f} / {mx('b', 'growth'):.2f} "
+                   f"| {_g(max(mx('a', 'bound_rel'), mx('b', 'bound_rel')))} "
+                   f"| {mx('a', 'ratio'):.3f} / {mx('b', 'ratio'):.3f} "
+                   f"| {mx('a', 'coherence'):.2f} / {mx('b', 'coherence'):.2f} "
+                   f"| {_g(max(r['ab']['rel_rms'] for r in rs))} | {verdict} |")
+    return out
+
+
+def chain_faults_table(runs: list) -> list[str]:
+    """Per B variant: the chain verdict, the per-call verdict of the chain's steps, and the
+    worst growth, bound ratio and alignment on B."""
+    out = ["| B variant | per-call (replay) | per-call (chain steps) | chain verdict | chain expected | as expected "
+           "| max growth B | max worst / bound B | max lined up B (sigma; z) |", "|" + "---|" * 9]
+    for r in runs:
+        c = r["chain"]
+        got = "PASS" if c["ok"] else "FAIL"
+        exp = c["expected"] or "-"
+        ok = "-" if c["expected"] is None else ("yes" if got == c["expected"] else "**NO**")
+        rows = c["chains"]
+        out.append(f"| {r['fault'] or 'none'} | {'PASS' if r['ok'] else 'FAIL'} | {'PASS' if c['per_call_ok'] else 'FAIL'} "
+                   f"| {got} | {exp} | {ok} | {max(x['b']['growth'] for x in rows):.2f} "
+                   f"| {max(x['b']['ratio'] for x in rows):.3f} | {max(x['b']['coherence'] for x in rows):.2f}; "
+                   f"{c['threshold']:.2f} |")
+    return out
+
+
+def chain_section(ctx: dict, runs: list, args, device) -> list[str]:
+    from . import chain, registry
+    if not ctx.get("chains"):
+        return ["## Linked chains", "", f"- {ctx.get('chain_note')}", ""]
+    first = runs[0]["chain"]
+    lines = ["## Linked chains", "",
+             f"- {ctx['chains']} chains ({chain.KIND}), each from a captured gate_up input, end to end through A's "
+             "and through B's kernels, against the FP64 chain (each step in FP64 from the FP64 output before it). "
+             "per-call: step 2 on the chain's own input against its FP64 dense product; growth = chain relRMS / "
+             "per-call relRMS after step 2; lined up: step 1's residue carried through silu*up and down, in units "
+             f"of its Hoeffding scale sigma (at most z = {first['threshold']:.2f}, Bonferroni over every output)",
+             "- chain bound, per output: |(y2 - D2) - (exact Q8 terms)| <= B2 + z sigma, B2 the per-element bound "
+             "of step 2, sigma^2 = sum_k W'_nk^2 Eh_k^2, Eh the worst-case activation error propagated from step "
+             "1's per-element bound (pq2verify/chain.py); whole-layer chains are not linked: attention's KV cache "
+             "and the residual stream are not captured", ""]
+    lines += chain_table(runs[0]) + [""]
+    if len(runs) > 1:
+        lines += ["Linked chains under each B variant:", ""] + chain_faults_table(runs) + [""]
+    for r in runs:
+        c = r["chain"]
+        step1 = {x["b"]["paths"][0] for x in c["chains"]}
+        if c["expected"] == "FAIL" and c["ok"] and all(registry.get(p).arithmetic == "integer" for p in step1):
+            lines += [f"- {r['fault']} passes the chain on {'/'.join(sorted(step1))}: {chain.NO_ROOM}", ""]
+    base = _base(args, device) + (["--capture", args.capture] if args.capture else [])
+    for r in runs:
+        fails = []
+        for c in r["chain"]["chains"]:
+            where = (["--positions", str(c["position"]), "--m", "1"] if isinstance(c["position"], int)
+                     else ["--m", str(c["m"])])
+            cmd = base + ["--layers", c["layer"][: -len(chain.GATE_UP)], *where, "--chains"]
+            cmd += ["--fault", r["fault"]] if r["fault"] else []
+            fails += [f"- {c['key']}: {f}\n  reproduce: `{shlex.join(cmd)}`" for f in c["failures"]]
+        if fails:
+            lines += [f"Chain failures ({'B unchanged' if r['fault'] is None else 'B with ' + r['fault']}):", ""]
+            lines += fails[:4] + ([f"- ... {len(fails) - 4} more"] if len(fails) > 4 else []) + [""]
+    return lines
+
+
 def report(ctx: dict, runs: list, args, device) -> str:
     from . import registry, replay
     first = runs[0]
@@ -391,7 +520,7 @@ def report(ctx: dict, runs: list, args, device) -> str:
     lines += q8_note(first) + [""]
     if len(runs) > 1:
         lines += ["## Separation: B variants against the same A run", ""] + separation_table(runs) + [""]
-        ok = all((r["ok"]) == (r["expected"] == "PASS") for r in runs)
+        ok = all(as_expected(r) for r in runs)
         lines += [f"**Separation {'holds' if ok else 'FAILS'}: every variant {'got' if ok else 'did not get'} "
                   "its expected verdict.**", ""]
     for r in runs:
@@ -410,6 +539,8 @@ def report(ctx: dict, runs: list, args, device) -> str:
         if rep:
             more = [f"- ... {len(rep) - keep} more"] if len(rep) > keep else []
             lines += ["Failing projections:", ""] + rep[:keep] + more + [""]
-    verdict = first["ok"] if len(runs) == 1 else all((r["ok"]) == (r["expected"] == "PASS") for r in runs)
+    lines += chain_section(ctx, runs, args, device)
+    verdict = (first["ok"] and chain_verdict(first) in (None, "PASS")) if len(runs) == 1 else \
+        all(as_expected(r) for r in runs)
     lines.append(f"**Overall: {'PASS' if verdict else 'FAIL'}**")
     return "\n".join(lines)

@@ -259,3 +259,191 @@ def test_bias_statistic_sees_a_sub_ulp_scale_error():
     z = replay.bias_threshold(1000)
     assert max(map(abs, replay.bias(good, ref, torch.bfloat16))) < 3 < z
     assert replay.bias(bad, ref, torch.bfloat16)[0] > 2 * z
+
+
+# --- linked chains: gate_up -> silu*up -> down (pq2verify.chain) ------------------------------
+HID, INTER, DIGITS = 1024, 1536, 2     # W_gu [2*INTER, DIGITS*HID], W_down [HID, DIGITS*INTER]
+
+
+def _mlp_runner(device):
+    """One decoder layer shaped like the GSM8K model's MLP (gsm8k/model.py): gate and up stacked
+    in one PQ2 matrix, T digit slices along K fed [x | x], the activation silu(gate) * up in bf16."""
+    from pq2verify import dispatch, inputs
+
+    class Proj(torch.nn.Module):
+        def __init__(self, stack):
+            super().__init__()
+            self.stack = stack
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            gu = types.SimpleNamespace(w=inputs.ternary_weight(2 * INTER, DIGITS * HID, 3, "cpu").to(device))
+            self.gate_proj, self.up_proj = Proj(gu), Proj(gu)
+            self.down_proj = Proj(types.SimpleNamespace(w=inputs.ternary_weight(HID, DIGITS * INTER, 4, "cpu")
+                                                        .to(device)))
+
+        def forward(self, x):
+            y = dispatch.pq2_matmul(x.repeat(1, DIGITS), self.gate_proj.stack.w)
+            h = torch.nn.functional.silu(y[:, :INTER]) * y[:, INTER:]
+            return dispatch.pq2_matmul(h.repeat(1, DIGITS), self.down_proj.stack.w)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = MLP()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(5)
+            self.emb = torch.randn(VOCAB, HID, generator=g).bfloat16().to(device)
+            self.layers = torch.nn.ModuleList([Layer()])
+
+        def forward(self, input_ids, past_key_values=None, use_cache=True):
+            h = self.emb[input_ids[0]]
+            h = h + self.layers[0].mlp(h)
+            h = (h.float() / h.float().pow(2).mean(-1, keepdim=True).sqrt()).bfloat16()
+            return types.SimpleNamespace(logits=h.float()[None, :, :VOCAB], past_key_values=past_key_values)
+
+    class Tok:
+        def __call__(self, text, return_tensors="pt"):
+            return types.SimpleNamespace(input_ids=torch.tensor([[3, 1, 4]]))
+
+    mod = types.ModuleType(golden_model.RUNNER)
+    mod.prepare = lambda path, digits, dev: types.SimpleNamespace(model=Model(), tokenizer=Tok(), digits=DIGITS)
+    return mod
+
+
+def _mlp_isolate(mp, device):
+    _isolate(mp, device)
+    mp.setitem(sys.modules, golden_model.RUNNER, _mlp_runner(device))
+
+
+@pytest.fixture(scope="module")
+def _mlp_captured(tmp_path_factory, device):
+    d = tmp_path_factory.mktemp("chain") / "model"
+    with pytest.MonkeyPatch.context() as mp:
+        _mlp_isolate(mp, device)
+        with backend.using_cpu_backend("emulate"):
+            golden_model.capture_model(d, device, positions=(1, 2, 3), log=lambda s: None)
+    return d
+
+
+@pytest.fixture
+def mlp_capture(_mlp_captured, monkeypatch, device):
+    _mlp_isolate(monkeypatch, device)
+    return _mlp_captured
+
+
+FLOATING_B = "legacy,int_gemv=off"     # M = 1 on the floating path (native): a loose per-element bound
+
+
+def test_chain_fp64_is_the_model_mlp_in_fp64(mlp_capture, device):
+    """The FP64 chain from the weights decoded in full (digit slices not folded by chain.py):
+    [x|x] W1^T, silu(gate)*up, [h|h] W2^T, and the captured down input is the model's own h."""
+    from pq2verify import chain, golden
+    from reference import pq2
+    man, calls, weights = replay.load(mlp_capture, device, ms=(1,))
+    chs = chain.chains_of(calls, weights, man.get("digits"))
+    assert [(c.call.position, c.digits, c.inter) for c in chs] == [(1, DIGITS, INTER), (2, DIGITS, INTER),
+                                                                  (3, DIGITS, INTER)]
+    crefs = chain.Refs(chs, weights, replay.References(calls, weights))
+    w1 = pq2.decode(weights["layers.0.mlp.gate_proj+up_proj"].to("cpu")).astype(np.float64)
+    w2 = pq2.decode(weights["layers.0.mlp.down_proj"].to("cpu")).astype(np.float64)
+    t = golden.load(mlp_capture).tensors("model.safetensors")
+    for ch in chs:
+        x = ch.call.x.cpu().double().numpy()
+        d1 = x @ w1.T
+        hh = d1[:, :INTER] / (1 + np.exp(-d1[:, :INTER])) * d1[:, INTER:]
+        d2 = np.concatenate([hh] * DIGITS, axis=1) @ w2.T
+        np.testing.assert_allclose(crefs.fp64[ch.call.key]["d2"], d2, rtol=1e-12, atol=1e-12 * np.abs(d2).max())
+        y1 = t[ch.call.key + "/y"]
+        xd = t[f"layers.0.mlp.down_proj@{ch.call.position}/x"]
+        assert torch.equal(chain.down_input(chain.activation(y1, INTER), ch, w2.shape[1]), xd)
+
+
+def test_chains_legacy_vs_tuned_pass_with_their_table(mlp_capture, tmp_path, device, capsys):
+    j, md = tmp_path / "c.json", tmp_path / "c.md"
+    assert _replay(device, mlp_capture, "--m", "1", "--json", str(j), "--markdown", str(md)) == 0, \
+        capsys.readouterr().out
+    c = json.loads(j.read_text())["runs"][0]["chain"]
+    assert c["ok"] and c["per_call_ok"] and len(c["chains"]) == 3 and c["expected"] == "PASS"
+    for r in c["chains"]:
+        assert r["a"]["paths"] == ["int_gemv", "int_gemv"] and r["b"]["paths"] == ["gemv", "gemv"]
+        for s in "ab":
+            # growth is the ratio of the two errors the row reports
+            assert r[s]["growth"] == pytest.approx(r[s]["chain"] / r[s]["per_call"])
+            assert r[s]["ratio"] <= 1 and r[s]["act_ratio"] <= 1
+    out = capsys.readouterr().out
+    assert "## Linked chains" in out and "| mlp.gate_proj+up_proj -> silu*up -> mlp.down_proj | 1 | 1 |" in out
+    assert "## Linked chains" in md.read_text()
+
+
+def test_compounding_fault_passes_every_per_call_check_and_fails_the_chain(mlp_capture, tmp_path, device, capsys):
+    """`coherent` on a floating gate_up: every per-call check passes (the replay's, and each chain
+    step's own), the chain's bound is missed; --faults none,coherent gets both expected verdicts."""
+    j = tmp_path / "f.json"
+    assert _replay(device, mlp_capture, "--b", FLOATING_B, "--m", "1", "--faults", "none,coherent",
+                   "--json", str(j)) == 0, capsys.readouterr().out
+    runs = {r["fault"] or "none": r for r in json.loads(j.read_text())["runs"]}
+    bad = runs["coherent:mlp.gate_proj+up_proj"]
+    assert bad["changed_vs_b"] > 0                                   # the fault changed B's outputs
+    assert bad["ok"] and all(not c["failures"] for c in bad["calls"])    # per call: PASS
+    assert all(not d["failures"] for d in bad["kinds"].values())
+    assert bad["chain"]["per_call_ok"] and not bad["chain"]["ok"]       # chain: FAIL
+    fails = [f for r in bad["chain"]["chains"] for f in r["failures"]]
+    assert fails and all(f.startswith("B chain bound:") for f in fails), fails
+    assert max(r["b"]["coherence"] for r in bad["chain"]["chains"]) > bad["chain"]["threshold"]
+    assert runs["none"]["ok"] and runs["none"]["chain"]["ok"]
+    out = capsys.readouterr().out
+    assert "| coherent:mlp.gate_proj+up_proj | PASS | PASS | FAIL | FAIL | yes |" in out, out
+    # alone, the fault fails the run, and its chain repro line fails again
+    assert _replay(device, mlp_capture, "--b", FLOATING_B, "--m", "1", "--fault", "coherent") == 1
+    out = capsys.readouterr().out
+    rep = [ln.split("reproduce: `")[1].rstrip("`") for ln in out.split("Chain failures")[1].splitlines()
+           if "reproduce: `" in ln]
+    assert rep and "--chains" in rep[0] and "--fault coherent" in rep[0], out
+    assert cli.main(shlex.split(rep[0])[1:]) == 1
+
+
+def test_compounding_fault_has_no_room_on_integer_paths(mlp_capture, device, capsys):
+    """On legacy vs tuned (integer paths) every output inside its per-element bound is its reference
+    correctly rounded but for near-ties: the fault cannot line up, the chain passes, and the
+    report says why (the expected FAIL is not met: exit 1)."""
+    assert _replay(device, mlp_capture, "--m", "1", "--faults", "none,coherent") == 1
+    out = capsys.readouterr().out
+    assert "| coherent:mlp.gate_proj+up_proj | PASS | PASS | PASS | FAIL | **NO** |" in out, out
+    assert "coherent:mlp.gate_proj+up_proj passes the chain on gemv: on an integer path" in out
+
+
+def test_chains_need_a_gate_up_and_down_pair(mlp_capture, device, capsys):
+    assert _replay(device, mlp_capture, "--m", "1", "--layers", "down_proj", "--chains") == 2
+    assert "--chains: no linked chain: the selection holds mlp.down_proj" in capsys.readouterr().err
+    assert _replay(device, mlp_capture, "--m", "1", "--layers", "down_proj", "--fault", "coherent") == 2
+    assert "'mlp.gate_proj+up_proj' matches no replayed weight" in capsys.readouterr().err
+    assert _replay(device, mlp_capture, "--m", "1", "--layers", "gate_proj", "--fault", "coherent") == 2
+    assert "whose layer's down_proj is replayed too" in capsys.readouterr().err
+    assert _replay(device, mlp_capture, "--m", "1", "--no-chains") == 0
+    assert "linked chains off (--no-chains)" in capsys.readouterr().out
+
+
+def test_activation_bound_holds_for_every_output_within_step_1s_bound():
+    """Eh (chain.activation_bound) against the model's bf16 activation on outputs moved anywhere
+    inside a bound B1; L >= max |silu'| on a fine grid; the Hoeffding z meets its false-alarm rate."""
+    from pq2verify import chain
+    from reference import metrics
+    v = np.linspace(-20, 20, 400001)
+    sg = 1 / (1 + np.exp(-v))
+    assert np.abs(sg * (1 + v * (1 - sg))).max() <= chain.SILU_LIP
+    rng = np.random.default_rng(1)
+    r1 = rng.standard_normal((4, 2 * 4096)) * np.exp(rng.uniform(-3, 3, (4, 2 * 4096)))
+    b1 = metrics.spacing(np.abs(r1), torch.bfloat16) * rng.uniform(0.5, 3, r1.shape)
+    y = torch.from_numpy(r1 + b1 * rng.uniform(-1, 1, r1.shape)).to(torch.bfloat16)
+    y64 = y.double().numpy()
+    b1 = np.maximum(b1, np.abs(y64 - r1))          # the rounding to bf16 may step past: B1 holds y
+    hr, eh = chain.activation_bound(r1, b1, 4096, torch.bfloat16)
+    h = chain.activation(y, 4096).double().numpy()
+    assert (np.abs(h - hr) <= eh).all()
+    z = chain.threshold(1000)
+    assert 2 * np.exp(-z * z / 2) == pytest.approx(replay.BIAS_ALPHA / 1000)
