@@ -60,6 +60,8 @@ BAD = [
     (["--bw-gb", "inf"], "argument --bw-gb: expected a positive number, got 'inf'"),
     (["--min-sample-ms", "-1"], "argument --min-sample-ms: expected a positive number"),
     (["--ci-width", "0"], "argument --ci-width: expected a positive number"),
+    (["--spin-us", "-1"], "argument --spin-us: expected a number >= 0, got '-1'"),
+    (["--spin-us", "nan"], "argument --spin-us: expected a number >= 0, got 'nan'"),
     (["--max-pairs", "0"], "argument --max-pairs: expected an integer >= 1"),
     (["--max-pairs", "3"], "--max-pairs 3: at least --pairs (7)"),
     (["--baseline-tol", "1.5"], "argument --baseline-tol: expected a fraction in [0, 1)"),

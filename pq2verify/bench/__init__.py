@@ -15,7 +15,7 @@ The package is cut by concern: plan, gate, contestants, timing, probe, sol (spee
 the step's call structure, swept over PDL prefetch depths), step (the chained decode step),
 envs, items, runner, verdicts; stats (bootstrap intervals, verdicts, drift), checkafter (checks after
 timing), resolve (A/B resolution before any work), baseline (regression gate), selftest (planted
-timing faults). Its namespace re-exports what the CLI, the report and the tests use.
+timing faults), power (the step's power proxy at serving clocks), launch (eager launch cost). Its namespace re-exports what the CLI, the report and the tests use.
 """
 from .plan import (  # noqa: F401
     GB, STEP_COUNTS, STEP_DENSE, STEP_LAYERS, DEFAULT_MS, STEP_MS, INTERP_MS, FIT_DIVS, PRESETS,
@@ -46,4 +46,4 @@ from .verdicts import (  # noqa: F401
 from .runner import (  # noqa: F401
     load_jsonl, error_row, prepare, run)
 from .resolve import SameSides, preflight  # noqa: F401
-from . import baseline, checkafter, selftest, stats  # noqa: F401
+from . import baseline, checkafter, launch, power, selftest, stats  # noqa: F401

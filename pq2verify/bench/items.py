@@ -349,7 +349,7 @@ def run_launch(env, cfg: Config, item: Item, rows: dict) -> dict:
             continue
         by.setdefault(path, {"sides": [], "gate": g})["sides"].append(s)
     for path, v in by.items():
-        first = env.first_calls.get(path)
+        first = getattr(env, "first_calls", {}).get(path)
         gpu = next((srow[s]["time"]["median"] for s in v["sides"]
                     if (srow.get(s) or {}).get("path") == path and srow[s].get("time")), None)
         who = ",".join(v["sides"])
