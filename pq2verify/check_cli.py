@@ -377,6 +377,8 @@ def render(args) -> int:
         for r in d["cases"]:
             by_id.setdefault(r["case"], r)
         prov.append(d["provenance"])
+    from . import provenance
+    prov = provenance.status_once(prov)       # one backend warning for N shards, not N
     results = list(by_id.values())
     why = problems(runs)
     text = markdown(results, prov, problems=why)

@@ -77,3 +77,17 @@ def markdown_lines(info: dict) -> list[str]:
     """A provenance record as Markdown lines: its items, then the backend warning if any."""
     warn = status_line(info)
     return ["- " + ", ".join(f"{k}: {v}" for k, v in flat(info).items())] + ([f"- {warn}"] if warn else [])
+
+
+def status_once(infos: list[dict]) -> list[dict]:
+    """Provenance records of one report (a sharded run's), each backend warning kept only the
+    first time it appears, so N shards of one backend give one line, not N."""
+    seen, out = [], []
+    for info in infos:
+        st = info.get("backend_status") if isinstance(info, dict) else None
+        if st is not None and st in seen:
+            info = flat(info)
+        elif st is not None:
+            seen.append(st)
+        out.append(info)
+    return out

@@ -219,10 +219,13 @@ def test_check_json_markdown_and_html_carry_it(fake, capsys, tmp_path):
     line = [x for x in md.read_text().splitlines() if "WARNING" in x]
     assert len(line) == 1 and "no exactness record" in line[0] and STEPS[0] in line[0]
     assert ht.read_text().count('<p class="warn">WARNING: backend sm86') == 1
-    # a --render elsewhere shows the run's backend, not the renderer's
-    out2 = tmp_path / "again.md"
-    assert cli.main(["--device", "cpu", "check", "--render", str(j), "--markdown", str(out2)]) == 1   # no selfcheck
-    assert "WARNING: backend sm86" in out2.read_text()
+    # a --render elsewhere shows the run's backend, not the renderer's, once for two runs of it
+    j2, out2, ht2 = tmp_path / "r2.json", tmp_path / "again.md", tmp_path / "again.html"
+    shutil.copy(j, j2)
+    assert cli.main(["--device", "cpu", "check", "--render", str(j), str(j2), "--markdown", str(out2),
+                     "--html", str(ht2)]) == 1                          # no self-checks: not green
+    assert out2.read_text().count("WARNING: backend sm86") == 1
+    assert ht2.read_text().count('<p class="warn">WARNING: backend sm86') == 1
     assert "WARNING" not in capsys.readouterr().err
 
 
