@@ -26,10 +26,12 @@ Run it with TRITON_INTERPRET unset: the interpreter's kernels do not compile.
 """
 import argparse
 import collections
+import functools
 import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -151,6 +153,7 @@ OLD_PDL_LIST = [("gemv", 34816, 5120, 1), ("gemv", 5120, 17408, 1), ("small_mma"
                 ("small_mma", 5120, 17408, 4)]
 
 
+@functools.cache
 def model_shapes() -> list[tuple[str, int, int]]:
     """(label, N, K) of every PQ2 matrix the GSM8K model (SmolLM2-135M's config,
     tools/model_determinism.py) runs, as pq2verify.gsm8k.model converts it: siblings stacked
@@ -517,7 +520,8 @@ def resources_main(a, ap):
     for spec in a.config:
         name, eq, text = spec.partition("=")
         if not eq or name not in RESOURCE_PATHS:
-            ap.error(f"argument --config: expected PATH=JSON with PATH one of {', '.join(RESOURCE_PATHS)}, got {spec!r}")
+            ap.error(f"argument --config: expected PATH=JSON with PATH one of {', '.join(RESOURCE_PATHS)}, "
+                     f"got {spec!r}")
         try:
             force[name] = json.loads(text)
         except json.JSONDecodeError as e:
@@ -529,15 +533,16 @@ def resources_main(a, ap):
         only = set(a.only.split(","))
         if not a.only or only - set(RESOURCE_PATHS):
             ap.error(f"argument --only: expected names from {', '.join(RESOURCE_PATHS)}, got {a.only!r}")
+    recording = a.record is not None
     recorded = {}
-    if not a.record:
+    if not recording:
         try:
             recorded = resources.load(a.table)
         except ValueError as e:
             ap.error(f"argument --table: {e}")
     try:
-        outputs.check(outputs=[("--record", a.record)] if a.record else [],
-                      inputs=[("--table", a.table)] if not a.record else [])
+        outputs.check(outputs=[("--record", a.record)] if recording else [],
+                      inputs=[("--table", a.table)] if not recording else [])
     except UsageError as e:     # the option is named
         ap.error(str(e))
     try:
@@ -545,7 +550,7 @@ def resources_main(a, ap):
     except (ValueError, TypeError) as e:
         ap.error(f"argument --config: {e}")
     rows = resources_report(force, only, recorded, a.model)
-    if a.record:
+    if recording:
         text = resources.record(rows)
         if a.json:
             print(json.dumps(rows))
@@ -569,7 +574,8 @@ def resources_main(a, ap):
     known = sum(r["local"] > 0 and resources.passed(r["verdict"]) for r in rows)
     print(f"{len(rows)} specializations, {len(bad)} failing, {known} with a known spill; "
           f"{sum(r['compile_s'] for r in rows):.1f} s compiling"
-          + ("" if not bad else f"; reproduce: {resources.REPRO}"))
+          + ("" if not bad else f"; reproduce: TRITON_INTERPRET=0 .venv/bin/python tools/sm90.py "
+                                f"{shlex.join(sys.argv[1:])}"))
     return 1 if bad else 0
 
 
@@ -656,7 +662,7 @@ def main():
         if a.table is None:
             from pq2verify import resources
             a.table = str(resources.RECORDED)
-        return resources_main(a, ap)
+        return resources_main(a, rp)
     if a.cmd == "prefill":
         return prefill_report(a, ap)
     if a.cmd == "pdl":
