@@ -1,9 +1,9 @@
 """A backend with no records of its own (an RTX 3090 or A4000, sm_86): no exactness record, so
 the exact set is the legacy set, and no golden capture, so golden verify has nothing to verify.
 Every command says so on stderr before it starts, every report carries it, and golden verify
-fails with the first steps. Run on the CPU with the backend key faked as 'sm86' (and the
-record and capture folders pointed at a temporary folder, so a real sm86 record added to the
-checkout later changes nothing here).
+fails with the first steps. The backend key is faked as 'sm86' (on the CPU or a GPU), and the
+record and capture folders point at a temporary folder, so a real sm86 record added to the
+checkout later changes nothing here.
 
 Reproduce: .venv/bin/python -m pytest -p no:randomly -q tests/test_new_backend.py
 """
@@ -27,9 +27,7 @@ STEPS = ["./pq2 --device cuda check --derive-exact --record",
          "golden captures'"]
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    backend.select("cpu")
+DEVICE = backend.device()      # the fake key works on either; the real interpreter's CLI on the CPU only
 
 
 @pytest.fixture
@@ -57,7 +55,7 @@ def fake(folders, monkeypatch):
 
 
 def _run(capsys, *argv):
-    rc = cli.main(["--device", "cpu", *argv])
+    rc = cli.main(["--device", DEVICE, *argv])
     c = capsys.readouterr()
     return rc, c.out, c.err
 
@@ -89,8 +87,8 @@ def test_exact_equals_legacy_on_the_fake_backend(fake):
     assert set(names("exact", "interpreter")) - set(names("legacy", "interpreter")), \
         f"the interpreter's record proves no tuned path; reproduce: {REPRO} -k exact_equals_legacy"
     # and a call at M = 17, which the legacy set gives to mmq (the registry's M ranges)
-    w = inputs.ternary_weight(64, 256, seed=1)
-    x = inputs.activations(17, 256, seed=2)
+    w = inputs.ternary_weight(64, 256, seed=1, device=DEVICE)
+    x = inputs.activations(17, 256, seed=2, device=DEVICE)
     served = {}
     for kset in ("legacy", "exact"):
         with dispatch.trace() as t:
@@ -137,13 +135,35 @@ def test_every_command_warns_once_on_stderr(fake, capsys, monkeypatch, command):
     assert "no exactness record" in err and "no golden capture" in err and _says_the_steps(err)
 
 
-@pytest.mark.parametrize("command", _commands())
-def test_no_warning_where_the_records_exist(capsys, monkeypatch, command):
-    """The real interpreter backend, its record and capture the checkout's own."""
+def test_the_interpreter_has_its_records():
     kernelsets.clear_cache()
     st = backend_status.status("interpreter")
     assert st["missing"] == [], (f"{st['missing']}: re-derive or recapture (./pq2 --device cpu check --derive-exact "
-                                 f"--record; ./pq2 --device cpu golden capture); reproduce: {REPRO} -k no_warning")
+                                 f"--record; ./pq2 --device cpu golden capture); reproduce: {REPRO} -k interpreter_has")
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_no_warning_on_the_interpreter(capsys, monkeypatch, command):
+    """The real interpreter backend, its record and capture the checkout's own."""
+    if DEVICE != "cpu":
+        pytest.skip("the interpreter's own commands run in a CPU session; test_no_warning_with_records runs here")
+    ran = []
+    monkeypatch.setattr(cli, "build_parser", lambda: _stubbed_parser(ran))
+    rc, out, err = _run(capsys, *COMMANDS.get(command, [command]))
+    assert rc == 0 and ran == [command] and "WARNING" not in err + out, err
+
+
+def _records(v, g):
+    shutil.copy(REAL_RECORD, v / "exact-sm86.json")     # proofs name paths and sources, not backends
+    (g / FAKE / "model").mkdir(parents=True)
+    (g / FAKE / golden.MANIFEST).write_text("{}")
+    (g / FAKE / "model" / golden.MANIFEST).write_text("{}")
+    kernelsets.clear_cache()
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_no_warning_with_records(fake, capsys, monkeypatch, command):
+    _records(*fake)
     ran = []
     monkeypatch.setattr(cli, "build_parser", lambda: _stubbed_parser(ran))
     rc, out, err = _run(capsys, *COMMANDS.get(command, [command]))
@@ -152,11 +172,7 @@ def test_no_warning_where_the_records_exist(capsys, monkeypatch, command):
 
 def test_a_record_and_captures_present_silence_it(fake, capsys):
     """The fake key with a record (the interpreter's proofs, which name no backend) and captures."""
-    v, g = fake
-    shutil.copy(REAL_RECORD, v / "exact-sm86.json")
-    (g / FAKE / "model").mkdir(parents=True)
-    (g / FAKE / golden.MANIFEST).write_text("{}")
-    (g / FAKE / "model" / golden.MANIFEST).write_text("{}")
+    _records(*fake)
     st = backend_status.status()
     assert st["missing"] == [] and not st["exact_equals_legacy"] and st["exact_proven"]
     assert backend_status.warning(st) is None and backend_status.line(st) is None
@@ -222,7 +238,7 @@ def test_check_json_markdown_and_html_carry_it(fake, capsys, tmp_path):
     # a --render elsewhere shows the run's backend, not the renderer's, once for two runs of it
     j2, out2, ht2 = tmp_path / "r2.json", tmp_path / "again.md", tmp_path / "again.html"
     shutil.copy(j, j2)
-    assert cli.main(["--device", "cpu", "check", "--render", str(j), str(j2), "--markdown", str(out2),
+    assert cli.main(["--device", DEVICE, "check", "--render", str(j), str(j2), "--markdown", str(out2),
                      "--html", str(ht2)]) == 1                          # no self-checks: not green
     assert out2.read_text().count("WARNING: backend sm86") == 1
     assert ht2.read_text().count('<p class="warn">WARNING: backend sm86') == 1
@@ -287,7 +303,7 @@ def test_bench_report_carries_it(fake, tmp_path, capsys):
 def test_selftest_report_and_json_carry_it(fake):
     from pq2verify import selftest
     _one_warning_line(selftest.markdown([]))
-    assert selftest.to_json([], "cpu")["provenance"]["backend_status"]["key"] == FAKE
+    assert selftest.to_json([], DEVICE)["provenance"]["backend_status"]["key"] == FAKE
 
 
 def test_gsm8k_report_carries_it(fake):
@@ -306,8 +322,8 @@ def test_replay_report_and_json_carry_it(tmp_path, tmp_path_factory, capsys, mon
     """The real interpreter replay (its emulation backend), told that its backend lacks records."""
     import test_replay as tr
     st = backend_status.status(FAKE)
-    d = tr._capture(tmp_path_factory, "cpu", tr.H_INTERP)
-    tr._isolate(monkeypatch, "cpu", tr.H_INTERP)
+    d = tr._capture(tmp_path_factory, DEVICE, tr.H_INTERP)
+    tr._isolate(monkeypatch, DEVICE, tr.H_INTERP)
     monkeypatch.setattr(backend_status, "status", lambda key=None: st)
     md, j = tmp_path / "r.md", tmp_path / "r.json"
     rc, out, err = _run(capsys, "replay", "--capture", str(d), "--m", "1", "--markdown", str(md), "--json", str(j))
