@@ -163,9 +163,9 @@ def key_for(args) -> str | None:
 
 
 def announce(args) -> str | None:
-    """The warning for a command about to run, or None (nothing missing, or a command that
-    runs nothing on this backend: check --render)."""
-    if getattr(args, "render", None):
+    """The warning for a command about to run, or None (nothing missing, a command that runs
+    nothing on this backend: check --render, or a gsm8k worker, whose parent said it)."""
+    if getattr(args, "render", None) or getattr(args, "run_only", None):
         return None
     key = key_for(args)
     return None if key is None else warning(status(key))
