@@ -40,7 +40,9 @@ for spec in "$@"; do
         graph) pyt -m "graph or golden" tests ;;
         sanitize) timeout "$cap" python3 tools/sanitize.py --out "$R" ;;
         suite) pyt tests -m "not bench" --ignore=tests/test_paths.py --junitxml "$R/suite.xml" ;;
-        gpusuite) pyt tests -m "not bench" --durations=25 --junitxml "$R/gpusuite.xml" ;;   # the workflow's first step
+        # the workflow's first step; WORKERS=N runs it on N pytest-xdist workers (all on this GPU)
+        gpusuite) pyt tests -m "not bench" ${WORKERS:+-n $WORKERS} -vv -rfE --tb=line --durations=40 \
+                    --junitxml "$R/gpusuite.xml" ;;
         race) pyt tests/test_graphs.py -k "replays_identical or planted or rendezvous or capture_stream" \
                 && ( for i in 1 2 3 4; do python3 tools/gpu_load.py 90 & done; sleep 3
                      pyt tests/test_graphs.py -k "replays_identical or planted"; rc=$?; kill %1 %2 %3 %4; wait
