@@ -269,7 +269,11 @@ def ci_cell(ci, digits=3) -> str:
 
 def launch_entries(res: dict) -> list:
     """(launch row, entry) for every path of every launch row, by shape then M."""
-    return [(r, e) for r in _rows(res, "launch") for e in r.get("entries") or []]
+    out = []
+    for r in _rows(res, "launch"):
+        es = r.get("entries") or ([{"path": "?", "sides": DASH, "error": str(r["error"])}] if r.get("error") else [])
+        out += [(r, e) for e in es]
+    return out
 
 
 def launch_cells(row: dict, e: dict) -> list:
@@ -528,8 +532,6 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
           f"- settings: {c['pairs']} alternating rounds after {c['warmup']} warm-up, weights rotated through >= "
           f"{c['rotate_gb']} GB of copies, samples of >= {c['min_sample_ms']} ms, gate reruns {c['reruns']}, "
           f"budget {c['budget_s']} s; ran {res.get('elapsed_s', 0):.0f} s"]
-    from . import provenance
-    L += [f"- {w}" for w in [provenance.status_line(prov)] if w]      # the backend's missing records
     for line in summary_lines(res):
         L.append(f"- {line}")
     L += ["", "## Targets (H200)", ""]

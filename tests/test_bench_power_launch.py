@@ -123,6 +123,9 @@ def test_a_failed_power_proxy_is_noted_and_the_step_stands(tmp_path):
                     jsonl=tmp_path / "r.jsonl")
     assert not res["errors"] and not res["suspect"], REPRO + "failed_power"
     assert any(line.startswith("POWER PROXY step:m1 b+spin") for line in bench_report.summary_lines(res))
+    md = bench_report.markdown(res, None)
+    assert "### At serving clocks" in md and "- spin calibration: NVML SM clock during a 20000000-cycle spin" in md
+    assert "b+spin ERROR graph build failed: RuntimeError: capture refused" in md, REPRO + "failed_power"
 
 
 # --- launch cost -----------------------------------------------------------------------------------
@@ -222,6 +225,12 @@ def test_a_failed_launch_measurement_is_a_row_that_says_so(tmp_path, capsys):
     assert "LAUNCH COST launch:in_proj_ba:m2048 cublas: RuntimeError: launcher exploded" in \
         bench_report.summary_lines(res)
     assert bench_report.launch_cells(ba, ba["entries"][0])[-1] == "ERROR RuntimeError: launcher exploded"
+    # a launch row that failed as a whole (no entries) still has its line in the table
+    res["rows"].append({"kind": "launch", "key": "launch:down:m128", "shape": "down", "m": 128,
+                        "status": "instrument failed", "error": "inputs: MemoryError: "})
+    cells = [c for r, e in bench_report.launch_entries(res) if r["key"] == "launch:down:m128"
+             for c in [bench_report.launch_cells(r, e)]]
+    assert cells and cells[0][-1] == "ERROR inputs: MemoryError: ", REPRO + "failed_launch"
 
 
 def test_the_launch_rows_run_after_the_budget_is_spent(tmp_path):
