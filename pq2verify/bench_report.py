@@ -668,9 +668,9 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
           "clock during a 20M-cycle calibration spin (without NVML: its cycles over its CUDA-event time). The "
           "spins alone are one more graph in the same rounds: their time gives the realised µs per spin, and "
           "the matrix kernels' own time is, per round, the step with spins minus the spins alone. A spin "
-          "between two PDL kernels cuts their edge (it is launched without PDL and never lets its successor "
-          "launch early), so the matrix time under the proxy holds the launch latency PDL hides in the plain "
-          "step. The proxy's graphs carry the step's checks after timing; a failure in them is reported in "
+          "between two calls cuts their PDL edge where a path has one (it is launched without PDL and never lets "
+          "its successor launch early; the edges inside a call remain), so the matrix time under the proxy "
+          "holds the launch latency PDL hides between calls in the plain step. The proxy's graphs carry the step's checks after timing; a failure in them is reported in "
           "its table and does not fail the run.",
           "- Launch cost outside graphs: for each shape at each prefill M (M > 16) and each side's path, "
           "time.perf_counter around each of 20 eager calls (5 rounds; the median over the 100 calls), the GPU "

@@ -17,13 +17,15 @@ under the step differs from the calibration's, a spin lasts cycles / that clock)
 The matrix kernels' own time under the proxy: per round, t(step+spin) - t(spin) (the same
 spins, the same rounds); the median of the per-round differences with its bootstrap interval.
 
-PDL. The tuned paths chain their kernels with programmatic dependent launch. A spin between two
-of them cuts that edge: the spin is launched without the PDL attribute, so it starts only after
-the projection before it has completed, and it never calls griddepcontrol.launch_dependents, so
-the next projection may launch early only when the spin exits: no part of a projection overlaps
-the one before it. The step+spin minus spin difference therefore also holds the launch latency
-that PDL hides in the step without spins; it is the step as a model with other kernels between
-its projections would see it, not the same quantity as the plain step."""
+PDL. Decode paths whose config sets PDL (gemv, small_mma) launch their kernels with
+programmatic dependent launch: a call's quantize and GEMV kernels, and one call's last kernel
+and the next call's first. A spin sits between calls, so it cuts the edge between calls (the
+edges inside a call remain): the spin is launched without the PDL attribute, so it starts only
+after the call before it has completed, and it never calls griddepcontrol.launch_dependents, so
+the next call's first kernel may launch early only when the spin exits: no part of a call
+overlaps the call before it. The step+spin minus spin difference therefore also holds the launch
+latency that PDL hides between calls in the step without spins; it is the step as a model with
+other kernels between its projections would see it, not the same quantity as the plain step."""
 
 import functools
 import statistics
