@@ -19,6 +19,8 @@ capability 9.0), programs (thread blocks) resident per SM, the least of:
 Checked against measurements: small_mma at 91 registers gives 5 programs of 4 warps (ncu's
 theoretical 31%, results/h200/s7/README.md), at 134 registers 3 (results/h200/s8/README.md);
 mmq_wgmma at 164 registers and 75.8 KB (ncu's decimal KB) gives 3 (results/h200/s9/README.md).
+That last one also shows the cubin's 1 KB is the reserved one, counted once: its 75808 dynamic
+bytes plus 2 KB would fit only 2 programs in 228 KB.
 
 The recorded table (pq2verify/verified/resources-sm90.json) holds, per compiled
 specialization, the programs per SM it was measured at (its `source` says where) or, for the
