@@ -532,6 +532,8 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
           f"- settings: {c['pairs']} alternating rounds after {c['warmup']} warm-up, weights rotated through >= "
           f"{c['rotate_gb']} GB of copies, samples of >= {c['min_sample_ms']} ms, gate reruns {c['reruns']}, "
           f"budget {c['budget_s']} s; ran {res.get('elapsed_s', 0):.0f} s"]
+    from . import provenance
+    L += [f"- {w}" for w in [provenance.status_line(prov)] if w]      # the backend's missing records
     for line in summary_lines(res):
         L.append(f"- {line}")
     L += ["", "## Targets (H200)", ""]
