@@ -680,7 +680,8 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
           "measured, not the GPU's (a round that outlasts the spin is noted). GPU µs/call = the shape row's "
           "graph-timed median of the same path at the same M; launcher dominates = host > GPU. First call = the "
           "first call of the path in the process (the trace that proves the path), device synchronized around "
-          "it; cold when Triton's on-disk cache gained entries across it (compiled), warm when not (loaded). "
+          "it; cold when Triton's on-disk cache gained entries across it (compiled), warm when not (loaded); "
+          "TRITON_CACHE_DIR set to an empty folder gives every path its cold first call. "
           + LAUNCH_NOTE,
           "- A == B: an item whose A and B resolve to the same path is not timed (dense shapes, the cuBLAS "
           "reference, time A alone); a run in which no item differs is refused before any work."]

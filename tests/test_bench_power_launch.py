@@ -271,3 +271,25 @@ def test_host_cost_of_a_real_path_is_measured_with_the_gpu_busy(device):
     h = env.host_cost(path, inp)
     assert h["n"] == launch.CALLS * launch.ROUNDS and 0 < h["median_us"] < 5000, h
     assert h["idle_rounds"] == 0, f"a round outlasted its {launch.BUSY_US_PER_CALL} µs-per-call spin: {h}"
+
+
+def test_the_first_call_of_each_path_is_the_one_recorded(monkeypatch):
+    """RealEnv.side times the trace that first runs a path (device synchronized around it) and
+    keeps that record: a later call of the same path never replaces it."""
+    import torch
+
+    from pq2verify.bench import envs
+    env = bench.RealEnv("cpu")
+    env.can_time = True                            # as on a GPU, without one
+    syncs, paths = [], iter(["native", "native", "mmq"])
+    counts = iter([3, 5, 5, 5, 5, 5])              # entries around each call: the first one compiled
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1))
+    monkeypatch.setattr(envs, "traced_path", lambda kset, inp: next(paths))
+    monkeypatch.setattr(launch, "cache_entries", lambda d: next(counts))
+    monkeypatch.setattr(env, "gate", lambda case, inp, baseline=False: bench.Gate(case.path, True, ""))
+    case = bench.bench_case("native", bench.Shape("g", 64, 256), 32, Config())
+    got = [env.side(k, case, None)[0] for k in ("legacy", "tuned", "tuned")]
+    assert got == ["native", "native", "mmq"] and len(syncs) == 6, REPRO + "first_call_of_each"
+    assert env.first_calls["native"]["cache"] == "cold: compiled (2 new cache entries)"
+    assert env.first_calls["native"]["kset"] == "legacy" and env.first_calls["native"]["case"] == case.id
+    assert env.first_calls["mmq"]["cache"] == "warm: loaded from the on-disk cache"
