@@ -72,8 +72,12 @@ def register(sub):
 
 
 def replay_line(seed: int, paths, max_cases=None) -> str:
+    """The command that draws the same cases: same seed and paths, and the interpreter where a
+    GPU is present but this run used the CPU (each backend draws its own sizes)."""
+    from . import backend
     from .cases import RUN
-    return (f"{RUN} fuzz --seed {seed}" + (f" --paths {','.join(paths)}" if paths else "")
+    dev = " --device cpu" if backend.device() == "cpu" and backend.cuda_available() else ""
+    return (f"{RUN}{dev} fuzz --seed {seed}" + (f" --paths {','.join(paths)}" if paths else "")
             + (f" --max-cases {max_cases}" if max_cases else ""))
 
 
@@ -146,6 +150,7 @@ def main(args) -> int:
         print(f"  replay: {replay_line(seed, args.paths, n)}")
         out["failure"] = row(f)
         out["shrunk"] = row(s) | {"steps": rep.shrink_steps}
+        out["replay"] = replay_line(seed, args.paths, n)
         code = outputs.EXIT_FAIL
     elif rep.tested == 0:
         print(f"FAIL: no case was tested ({len(not_run)} not run); a run that tested nothing is not a pass")

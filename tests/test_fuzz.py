@@ -8,15 +8,19 @@ import time
 import pytest
 import torch
 
-from pq2verify import backend
-
-backend.select("cpu")
-
-from pq2verify import cases, checks, cli, fuzz, registry  # noqa: E402
-from pq2verify.bits import bits  # noqa: E402
+from pq2verify import cases, checks, cli, fuzz, registry
+from pq2verify.bits import bits
 
 pytestmark = pytest.mark.fuzz
 REPRO = ".venv/bin/python -m pytest -p no:randomly -q tests/test_fuzz.py -k"
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(request, device):
+    """The planted fault and the size limits are the interpreter's (mmq's BN cap of 256, small
+    shapes); on a GPU runner only the gpu test runs."""
+    if device != "cpu" and "gpu" not in request.keywords:
+        pytest.skip("interpreter test (Triton's interpreter tiles and sizes); the gpu test covers CUDA")
 
 
 def _mmq_bn(n, k, m):
@@ -201,3 +205,16 @@ def test_write_failure_is_exit_3_after_the_verdict(monkeypatch, capsys, tmp_path
                      "--json", str(tmp_path / "f.json")])
     out = capsys.readouterr().out
     assert code == 3 and "PASS: 2 case(s)" in out, out
+
+
+@pytest.mark.gpu
+def test_gpu_fuzz_run_passes(device, tmp_path, capsys):
+    """On a GPU: the compiled kernels on shapes up to the model's, for a 120 s budget."""
+    j = tmp_path / "fuzz-gpu.json"
+    code = cli.main(["--device", "cuda", "fuzz", "--budget-s", "120", "--json", str(j)])
+    out = capsys.readouterr().out
+    assert out.startswith("fuzz seed: "), out[:200]
+    d = json.loads(j.read_text())
+    assert code == 0 and d["verdict"] == "PASS" and d["tested"] >= 1, out[-3000:]
+    # the GPU's draws reach past the interpreter's sizes
+    assert any(r["n"] > fuzz.INTERP["n_max"] or r["k"] > 128 * fuzz.INTERP["g_max"] for r in d["cases"]), out[-3000:]
