@@ -11,6 +11,7 @@ seed and the selection alone; the budget only decides how much of it runs.
 
 On the interpreter shapes stay small (a case well under a few seconds); on a GPU they reach the
 model's (cases.SHAPES["bonsai27b"])."""
+import functools
 import importlib
 import math
 import random
@@ -38,6 +39,7 @@ GPU = dict(n_max=max(n for _, n, _ in _MODEL), g_max=max(k for _, _, k in _MODEL
 SHRINK_EVALS = 40        # evaluations a shrink may spend
 
 
+@functools.lru_cache(maxsize=None)    # configs() sweeps a grid; the draws ask once per case
 def tiles(path: str, interpret: bool) -> dict[str, list[int]]:
     """Tile sizes of every config the path's kernel file can pick: 'n' (BN), 'm' (BM), 'g'
     (K in groups: GB, GC, groups_per_split and with SPLIT, k_per_split / 128, BK / 128)."""
