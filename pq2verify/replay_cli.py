@@ -485,7 +485,7 @@ def chain_section(ctx: dict, runs: list, args, device) -> list[str]:
         for c in r["chain"]["chains"]:
             where = (["--positions", str(c["position"]), "--m", "1"] if isinstance(c["position"], int)
                      else ["--m", str(c["m"])])
-            cmd = base + ["--layers", c["layer"][: -len(chain.GATE_UP)], *where, "--chains"]
+            cmd = base + ["--layers", c["layer"][: -len(chain.GATE_UP)] + "mlp.", *where, "--chains"]
             cmd += ["--fault", r["fault"]] if r["fault"] else []
             fails += [f"- {c['key']}: {f}\n  reproduce: `{shlex.join(cmd)}`" for f in c["failures"]]
         if fails:
