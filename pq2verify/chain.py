@@ -159,7 +159,8 @@ def run_side(spec: dict, chains, weights, fault=None) -> list[SideOut]:
         for ch in chains:
             steps, x = [], ch.call.x
             for i, name in enumerate((ch.call.layer, ch.down)):
-                c = ch.call if i == 0 else replay.Call(f"{ch.down}<-{ch.call.key}", ch.down, DOWN, ch.call.position, x)
+                c = ch.call if i == 0 else replay.Call(f"{ch.down}<-{ch.call.key}", ch.down, DOWN, ch.call.position, x,
+                                                       ch.call.distinct)
                 w = weights[name] if fault is None else fault.weight(name, weights[name])
                 y, path, dots, src, notes = replay._call(x, w, replay._emulated_dots(c, weights[name], {}))
                 if fault is not None:
@@ -231,7 +232,8 @@ def side_eval(ch: Chain, s: SideOut, fp: dict, w_fold: np.ndarray, refs: replay.
     """The per-call checks of both steps (replay.side_metrics; step 2 on its own input h) and the
     chain's errors, bound and failures for one side of one chain."""
     dt = s.y1.y.dtype
-    c2 = replay.Call(f"{ch.down}<-{ch.call.key}", ch.down, DOWN, ch.call.position, s.x2)
+    # a batched chain repeats its rows: the bias test counts the distinct ones (replay.side_metrics)
+    c2 = replay.Call(f"{ch.down}<-{ch.call.key}", ch.down, DOWN, ch.call.position, s.x2, ch.call.distinct)
     refs2 = replay.References([c2], {ch.down: weights[ch.down]})
     m1, m2 = replay.side_metrics(ch.call, s.y1, refs), replay.side_metrics(c2, s.y2, refs2)
     r1, b1 = step1_bound(ch, s.y1.path, refs, dt)

