@@ -48,6 +48,14 @@ R1_up in FP64, R2(h) and B2 the step-2 path's reference and per-element bound on
       |(y2 - D2) - (R2(h) - D2(h)) - W'(Hr - H)| <= B2 + z sigma     (the chain bound),
   and the bound on |y2 - D2| itself, reported as a relative RMS, is B2 + |terms 2 + 4| + z sigma.
 
+The planted fault `coherent` (replay.FAULTS, FAULT_WHY) stays inside every per-call bound of
+gate_up (per element, relative RMS, bias) and lines its residue up with one row of W', so that
+term 3 adds up like sum_k |W'_nk| Eh_k. On a floating gate_up path (F = (K + 2) 2^-23 S, several
+ulps) that passes every per-call check and fails the chain. On an integer path it cannot (NO_ROOM):
+the per-element bound there is the correctly rounded reference but for near-ties, and no fault
+inside it lines up beyond the noise; a same-sign bias in every output, the obvious compounding
+fault, is what the per-call bias test (replay.BIAS_WHY) already fails at a twentieth of an ulp.
+
 A vs B: B's chain output against A's (relative RMS, max ulp, bit equality); where the registry
 claims both steps' paths bit-identical (and no fault is planted) the bytes must be equal.
 """
@@ -259,7 +267,8 @@ def side_eval(ch: Chain, s: SideOut, fp: dict, w_fold: np.ndarray, refs: replay.
     if not (act <= 1).all():
         i, j = (int(v) for v in np.argwhere(~(act <= 1))[0])
         fails.append(f"activation: |h - Hr| beyond its derived bound on {int((~(act <= 1)).sum())} of {act.size} "
-                     f"(worst {float(np.nanmax(act)):.3g}x; first h[{i}, {j}] = {float(h[i, j])!r} vs {float(hr[i, j])!r})")
+                     f"(worst {float(np.nanmax(act)):.3g}x; first h[{i}, {j}] = {float(h[i, j])!r} vs "
+                     f"{float(hr[i, j])!r})")
     outside = ~(ratio <= 1)
     if outside.any():
         i, j = (int(v) for v in np.argwhere(outside)[0])
@@ -301,7 +310,8 @@ def evaluate(chains, crefs: Refs, outs_a, outs_b, fault=None) -> dict:
                          + metrics.describe_difference(b.y2.y, a.y2.y))
         rows.append({"key": ch.call.key, "layer": ch.call.layer, "down": ch.down, "position": ch.call.position,
                      "m": ch.call.x.shape[0], "a": ra, "b": rb, "ab": ab, "failures": fails})
-    return {"kind": KIND, "threshold": z, "bias_threshold": zb, "chains": rows, "ok": not any(r["failures"] for r in rows),
+    return {"kind": KIND, "threshold": z, "bias_threshold": zb, "chains": rows,
+            "ok": not any(r["failures"] for r in rows),
             "per_call_ok": not any(r[s]["per_call_failures"] for r in rows for s in ("a", "b"))}
 
 

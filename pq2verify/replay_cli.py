@@ -10,14 +10,16 @@ Linked chains (pq2verify.chain): where the selection holds a layer's mlp.gate_pr
 mlp.down_proj, each captured gate_up input also runs gate_up -> silu(gate)*up -> down end to end
 through A's and through B's kernels against an FP64 chain, with its own derived bound; on by
 default when the selection has such a pair (--chains demands one, --no-chains skips them). The
-planted fault `coherent` passes every per-call check and must fail the chain:
-  pq2verify replay --layers layers.0.mlp --m 1 --faults none,fold_reversed,coherent
+planted fault `coherent` passes every per-call check and must fail the chain; it can only where
+the gate_up path's per-element bound leaves it room (a floating path; integer paths: chain.NO_ROOM):
+  pq2verify replay --b legacy,int_gemv=off --layers model.layers.0.mlp. --m 1 --faults none,coherent
 
 --faults runs B unchanged, the fold-order control and every planted fault against one A run and
 prints the separation table; it exits 0 only if each got its expected verdict. A and B must
 dispatch to different paths (or fold orders) on every call compared, else it is refused.
-Exit status: 0 pass; 1 FAIL; 2 bad arguments, a capture or model that cannot be replayed, or an
-A/B that compares a path with itself; 3 an output file could not be written (the verdict stands).
+Exit status: 0 pass; 1 FAIL (a call or a linked chain); 2 bad arguments, a capture or model that
+cannot be replayed, or an A/B that compares a path with itself; 3 an output file could not be
+written (the verdict stands).
 """
 import argparse
 import json
@@ -449,7 +451,8 @@ def chain_faults_table(runs: list) -> list[str]:
         exp = c["expected"] or "-"
         ok = "-" if c["expected"] is None else ("yes" if got == c["expected"] else "**NO**")
         rows = c["chains"]
-        out.append(f"| {r['fault'] or 'none'} | {'PASS' if r['ok'] else 'FAIL'} | {'PASS' if c['per_call_ok'] else 'FAIL'} "
+        out.append(f"| {r['fault'] or 'none'} | {'PASS' if r['ok'] else 'FAIL'} "
+                   f"| {'PASS' if c['per_call_ok'] else 'FAIL'} "
                    f"| {got} | {exp} | {ok} | {max(x['b']['growth'] for x in rows):.2f} "
                    f"| {max(x['b']['ratio'] for x in rows):.3f} | {max(x['b']['coherence'] for x in rows):.2f}; "
                    f"{c['threshold']:.2f} |")
