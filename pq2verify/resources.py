@@ -122,9 +122,17 @@ def gate(rows: list[dict], recorded: dict) -> list[dict]:
     return out
 
 
-def stale(rows: list[dict], recorded: dict) -> list[str]:
-    """Recorded keys no compiled specialization has any more (a chooser changed)."""
-    return sorted(set(recorded) - {r["key"] for r in rows})
+def runs(uses: list[str]) -> list[str]:
+    """The runs a specialization serves, from its uses' labels: bonsai27b (the bench and the
+    check), gsm8k (the GSM8K model, compiled with --model)."""
+    return sorted({u.split(":")[0] for u in uses})
+
+
+def stale(rows: list[dict], recorded: dict, model: bool = False) -> list[str]:
+    """Recorded keys of the runs compiled (bonsai27b; gsm8k too with model) that no compiled
+    specialization has any more: a chooser changed."""
+    want = {k for k, v in recorded.items() if model or "bonsai27b" in v.get("runs", ["bonsai27b"])}
+    return sorted(want - {r["key"] for r in rows})
 
 
 # Occupancies measured on an H200 (ncu): (kernel, a call among the row's uses) -> (programs per
@@ -158,7 +166,7 @@ def record(rows: list[dict]) -> str:
     for r in sorted(rows, key=lambda r: r["key"]):
         programs, where = source(r)
         spec[r["key"]] = dict(programs=programs, source=where, registers=r["registers"], shared=r["shared"],
-                              num_warps=r["num_warps"], local=r["local"])
+                              num_warps=r["num_warps"], local=r["local"], runs=runs(r["uses"]))
         if r["local"]:
             spec[r["key"]]["known_spill"] = KNOWN_SPILL
     return json.dumps(dict(arch="sm_90", rules="pq2verify/resources.py", specializations=spec), indent=1) + "\n"

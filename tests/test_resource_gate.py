@@ -7,8 +7,9 @@ introduced) or run fewer programs per SM than pq2verify/verified/resources-sm90.
 The occupancy rules are checked against hand-derived values and the H200's measurements; the
 verdict against planted results (a compile result with more registers, a spill, a config not
 recorded); the CLI against planted regressions compiled for real. The compiles run in a
-subprocess (the suite's interpreter kernels do not compile), about 70 s on one core with a cold
-Triton cache; the planted runs after it hit Triton's cache."""
+subprocess (the suite's interpreter kernels do not compile): 310 specializations, 60-90 s of one
+core with a cold Triton cache (the GSM8K model's too with `tools/sm90.py resources --model`,
+not run here); the planted runs after it hit Triton's cache."""
 import functools
 import importlib
 import importlib.util
@@ -90,6 +91,9 @@ def test_the_table_records_the_h200_measurements():
     assert w.startswith("mmq_wgmma BM=128 BN=64 num_stages=4 num_warps=4 | bf16 prepared") and t[w]["programs"] == 3
     assert "BN=128" in s and "num_warps=4" in s and "bf16 prepared" in s and t[s]["programs"] == 5
     assert all(v["programs"] >= 0 and v["source"].split(":")[0] in ("measured", "baseline") for v in t.values())
+    # recorded with --model: the GSM8K model's specializations are there too (this test
+    # compiles only the bonsai27b ones; `tools/sm90.py resources --model` judges both)
+    assert {r for v in t.values() for r in v["runs"]} == {"bonsai27b", "gsm8k"}
 
 
 def test_planted_compile_results_fail_the_verdict():
@@ -269,6 +273,8 @@ def _tool():
     (["--config", 'small_mma={"BN": 3}'], "argument --config: small_mma: config field BN=3"),
     (["--table", "/nonexistent/table.json"], "argument --table"),
     (["--record", ""], "--record"),
+    (["--record", "/tmp/t.json", "--only", "gemv"], "argument --record: records the whole table"),
+    (["--config", "gemv={}", "--config", 'gemv={"BN": 64}'], "argument --config: gemv given twice"),
 ])
 def test_bad_options_are_usage_errors(monkeypatch, capsys, args, why):
     """Refused before any compile, exit 2, naming the option (in-process: nothing compiles)."""

@@ -174,14 +174,15 @@ def model_shapes() -> list[tuple[str, int, int]]:
     return out
 
 
-def run_shapes() -> list[tuple[str, int, int, tuple]]:
+def run_shapes(model: bool = True) -> list[tuple[str, int, int, tuple]]:
     """(label, N, K, Ms) of every PQ2 call the bench, the GPU check and the GSM8K model make:
     the bonsai27b shapes at the bench's Ms (step and shape rows) and the check's; the model's
-    at every decode M (rows still generating, 1..16) and its prefill (17+: no PDL path)."""
+    at every decode M (rows still generating, 1..16) and its prefill (17+: no PDL path); not
+    the model's unless `model`."""
     from pq2verify import bench, cases
     ms = tuple(sorted(set(bench.STEP_MS) | set(bench.DEFAULT_MS) | set(cases.MS["bonsai27b"])))
     out = [(f"bonsai27b:{s}", n, k, ms) for s, n, k in cases.SHAPES["bonsai27b"]["pq2"]]
-    return out + [(label, n, k, tuple(range(1, 18))) for label, n, k in model_shapes()]
+    return out + [(label, n, k, tuple(range(1, 18))) for label, n, k in (model_shapes() if model else [])]
 
 
 def specialization(fn, ptrs, ints, consts, warps, stages, opts) -> tuple:
@@ -452,7 +453,7 @@ def resource_launches(force: dict | None = None, only: set | None = None, model:
     from pq2verify import cases, registry
     force = force or {}
     found: dict[tuple, dict] = {}
-    pq2 = [r for r in run_shapes() if model or r[0].startswith("bonsai27b:")]
+    pq2 = run_shapes(model)
     dense = [(f"bonsai27b:{s}", n, k, pq2[0][3]) for s, n, k in cases.SHAPES["bonsai27b"]["dense"]]
     for name, build in RESOURCE_PATHS.items():
         if only and name not in only:
@@ -515,13 +516,15 @@ LIMIT = {"registers": "regs", "shared": "smem", "warps": "warp", "blocks": "blks
 
 
 def resources_main(a, ap):
-    from pq2verify import outputs, registry, resources
+    from pq2verify import outputs, resources
     force = {}
     for spec in a.config:
         name, eq, text = spec.partition("=")
         if not eq or name not in RESOURCE_PATHS:
             ap.error(f"argument --config: expected PATH=JSON with PATH one of {', '.join(RESOURCE_PATHS)}, "
                      f"got {spec!r}")
+        if name in force:
+            ap.error(f"argument --config: {name} given twice")
         try:
             force[name] = json.loads(text)
         except json.JSONDecodeError as e:
@@ -534,6 +537,10 @@ def resources_main(a, ap):
         if not a.only or only - set(RESOURCE_PATHS):
             ap.error(f"argument --only: expected names from {', '.join(RESOURCE_PATHS)}, got {a.only!r}")
     recording = a.record is not None
+    if recording and (only or force):
+        ap.error("argument --record: records the whole table; not with --only or --config")
+    if recording:
+        a.model = True          # the table holds both runs' specializations
     recorded = {}
     if not recording:
         try:
@@ -568,7 +575,7 @@ def resources_main(a, ap):
         print(f"{r['kernel']:<11} {cs + ' | ' + r['variant']:<70} {r['registers']:>4} {r['local']:>5} "
               f"{(r['static_shared'] + r['shared']) / 1024:>9.1f} {r['programs']:>2} {LIMIT[r['limit']]:<4} "
               f"{'-' if r['recorded'] is None else r['recorded']:>8}  {r['verdict']}")
-    gone = resources.stale(rows, recorded) if not only and not force else []
+    gone = resources.stale(rows, recorded, a.model) if not only and not force else []
     for key in gone:
         print(f"note: recorded but no longer compiled (a chooser changed; re-record): {key}")
     known = sum(r["local"] > 0 and resources.passed(r["verdict"]) for r in rows)
@@ -652,11 +659,13 @@ def main():
                     help=f"comma-separated paths to compile: {', '.join(RESOURCE_PATHS)} (default: all)")
     rp.add_argument("--config", action="append", default=[], metavar="PATH=JSON",
                     help='fields over a path\'s chooser, e.g. \'small_mma={"num_warps": 8}\'; repeatable')
-    rp.add_argument("--model", action="store_true", help="the GSM8K model's shapes too (about 500 compiles)")
+    rp.add_argument("--model", action="store_true",
+                    help="the GSM8K model's shapes too (about 520 compiles; the table records both)")
     rp.add_argument("--table", type=existing_file, default=None,
                     help="the recorded table (default: pq2verify/verified/resources-sm90.json)")
     rp.add_argument("--record", default=None, metavar="FILE",
-                    help="write the compile's table to FILE (measured occupancies kept) instead of judging")
+                    help="write the compile's whole table (--model implied; measured occupancies kept) to FILE "
+                         "instead of judging")
     a = ap.parse_args()
     if a.cmd == "resources":
         if a.table is None:
