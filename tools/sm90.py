@@ -568,11 +568,11 @@ def resources_main(a, ap):
     if a.json:
         print(json.dumps(rows))
         return 1 if bad else 0
-    print(f"{'kernel':<11} {'config | variant':<70} {'regs':>4} {'local':>5} {'shared KB':>9} {'prog/SM':>7} "
+    print(f"{'kernel':<11} {'config | variant':<70} {'regs':>4} {'spill B':>7} {'shared KB':>9} {'prog/SM':>7} "
           f"{'recorded':>8}  verdict")
     for r in rows:
         cs = " ".join(f"{x}={v}" for x, v in sorted(r["config"].items()))
-        print(f"{r['kernel']:<11} {cs + ' | ' + r['variant']:<70} {r['registers']:>4} {r['local']:>5} "
+        print(f"{r['kernel']:<11} {cs + ' | ' + r['variant']:<70} {r['registers']:>4} {r['local']:>7} "
               f"{(r['static_shared'] + r['shared']) / 1024:>9.1f} {r['programs']:>2} {LIMIT[r['limit']]:<4} "
               f"{'-' if r['recorded'] is None else r['recorded']:>8}  {r['verdict']}")
     gone = resources.stale(rows, recorded, a.model) if not only and not force else []
