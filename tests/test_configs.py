@@ -202,13 +202,14 @@ def test_a_forced_split_really_runs(device):
 
 
 def test_a_kernel_that_ignores_the_forced_config_fails(device, monkeypatch):
-    """The forced-config check catches a run() that drops config= (its own choice splits this
-    shape in two; SPLIT=1 was forced)."""
+    """The forced-config check catches a run() that runs another config than the one forced
+    (SPLIT=1 forced, SPLIT=2 run). Planted as that other config rather than as the kernel's own
+    choice, which splits this shape on the interpreter but not on every GPU."""
     p = _split_path()
     mod = _mod(p)
     real = mod.run
-    monkeypatch.setattr(mod, "run", lambda x, w, *, config=None, **kw: real(x, w, **kw))
-    _, one = _forced_pair(p)
+    two, one = _forced_pair(p)
+    monkeypatch.setattr(mod, "run", lambda x, w, *, config=None, **kw: real(x, w, config=two, **kw))
     with pytest.raises(AssertionError, match=r"SPLIT=1 forced but partials handed out were \[\d+\]"):
         _force(p, one, 0, device, "test_a_kernel_that_ignores_the_forced_config_fails")
 

@@ -53,6 +53,7 @@ def test_exact_set_uses_only_verified_paths(monkeypatch):
     assert _resolve(1, "exact") == "int_gemv"
     assert _resolve(4, "exact") == "int_gemv"
     monkeypatch.setattr(kernelsets, "verified_exact", lambda key: {"single"})
+    monkeypatch.setattr(kernelsets, "same_fold", lambda *a: False)
     dispatch.clear_cache()
     assert _resolve(1, "exact") == "int_gemv"      # proven, but its fold differs for this call
     monkeypatch.setattr(kernelsets, "same_fold", lambda *a: True)
