@@ -365,6 +365,8 @@ def parse_fault(spec: str, calls: list, opt: str = "--fault") -> Fault:
     if name == "coherent":
         from . import chain
         have = set(names)
+        if where == "all":      # every gate_up of the selection: the fault has no meaning elsewhere
+            targets = [t for t in targets if t.endswith(chain.GATE_UP)] or targets
         bad = [t for t in targets if not t.endswith(chain.GATE_UP) or t[: -len(chain.GATE_UP)] + chain.DOWN not in have]
         if bad:
             raise ReplayError(f"{opt} {spec!r}: targets a gate_up weight whose layer's down_proj is replayed too "
