@@ -118,16 +118,21 @@ class OutlierInputs(checks.Inputs):
 
 
 @functools.lru_cache(maxsize=None)
-def data(arith: str, dt: str, kind: str = "normal", device: str = "cpu"):
+def data(arith: str, dt: str, kind: str = "normal", *, device: str):
+    """The case's inputs drawn on the CPU (a CUDA generator draws other numbers: the cases
+    stay the same on every device), moved to `device` for the kernel; FP64 references on the
+    CPU. y0: the path's own output there."""
     p = registry.get(PATHS[arith])
     c = cases.seeded(cases.Case(p.name, "b", 64, 384, 2, dt, "prepared", "normal" if kind == OUTLIER else kind))
-    inp = OutlierInputs(c, device) if kind == OUTLIER else checks.Inputs(c, device)
+    inp = OutlierInputs(c, "cpu") if kind == OUTLIER else checks.Inputs(c, "cpu")
+    x, w = inp.x, inp.w
+    inp.x, inp.w = x.to(device), w.to(device)     # inp.device stays "cpu": its references are these values'
     y0, _ = checks.call(p, inp)
-    x, w = inp.x.cpu(), inp.w.to("cpu")
     D = projection.floating(x, w)
     Q = projection.quantized(x, w) if arith == "integer" else None
     S = abs_sum(p, x, w)
-    return dict(p=p, c=c, inp=inp, y0=y0.cpu(), D=D, Q=Q, Y=Q if arith == "integer" else D, S=S, arith=arith)
+    return dict(p=p, c=c, inp=inp, y0=y0.cpu(), D=D, Q=Q, Y=Q if arith == "integer" else D, S=S, arith=arith,
+                device=device)
 
 
 class Plant:
@@ -143,8 +148,9 @@ class Plant:
         return y
 
 
-def judge(d, planted, device="cpu"):
-    return checks.evaluate(d["c"], device, checks=("rms",), inp=d["inp"], kernel=Plant(d["p"], d["y0"], planted))
+def judge(d, planted):
+    return checks.evaluate(d["c"], d["device"], checks=("rms",), inp=d["inp"],
+                           kernel=Plant(d["p"], d["y0"], planted))
 
 
 def rms_plant(d, R, target: float, seed: int):
@@ -177,8 +183,8 @@ ARITH_DT = [(a, t) for a in PATHS for t in DT]
 # a floating path has no quantized reference: it is judged against the dense one only
 @pytest.mark.parametrize("arith, dt, which", [(a, t, w) for a, t in ARITH_DT for w in ("quantized", "dense")
                                               if (a, w) != ("floating", "quantized")])
-def test_relative_rms_at_its_edge(arith, dt, which):
-    d = data(arith, dt)
+def test_relative_rms_at_its_edge(arith, dt, which, device):
+    d = data(arith, dt, device=device)
     R = d["Q"] if which == "quantized" else d["D"]
     tol = tol_quantized(dt) if which == "quantized" else tol_dense(arith, dt, d["Q"], d["D"])
     name = checks.RMS_QUANTIZED if which == "quantized" else checks.RMS_DENSE
@@ -191,29 +197,29 @@ def test_relative_rms_at_its_edge(arith, dt, which):
         assert (name in r.failed) == (a > 1), f"{r.failed} {r.failures}: {where}"
 
 
-def q8_kinds(dt):
+def q8_kinds(dt, device):
     """An input kind where the Q8 budget binds the dense bound, and one where the allowance does."""
     out = {}
     for kind in ("normal", "outliers", OUTLIER):
-        d = data("integer", dt, kind)
+        d = data("integer", dt, kind, device=device)
         allow = rel(d["Q"], d["D"]) + tol_quantized(dt) * np.linalg.norm(d["Q"]) / np.linalg.norm(d["D"])
         out.setdefault("budget" if allow < Q8_BUDGET else "allowance", kind)
     return out
 
 
 @pytest.mark.parametrize("dt", DT)
-def test_q8_allowance_and_budget_both_bind_somewhere(dt):
+def test_q8_allowance_and_budget_both_bind_somewhere(dt, device):
     """The dense bound of an integer path has two branches (Q8_BUDGET, q8_allowance); the edge
     tests need a case on each."""
-    assert set(q8_kinds(dt)) == {"budget", "allowance"}, q8_kinds(dt)
+    assert set(q8_kinds(dt, device)) == {"budget", "allowance"}, q8_kinds(dt, device)
 
 
 @pytest.mark.parametrize("dt", DT)
 @pytest.mark.parametrize("branch", ["budget", "allowance"])
-def test_dense_bound_of_an_integer_path_at_its_edge(dt, branch):
-    kind = q8_kinds(dt).get(branch)
+def test_dense_bound_of_an_integer_path_at_its_edge(dt, branch, device):
+    kind = q8_kinds(dt, device).get(branch)
     assert kind, f"no small input kind where the {branch} binds"
-    d = data("integer", dt, kind)
+    d = data("integer", dt, kind, device=device)
     tol = tol_dense("integer", dt, d["Q"], d["D"])
     for (a, b), seed in ((LO, 3), (HI, 4)):
         y, got = rms_plant(d, d["D"], (a + b) / 2 * tol, seed)
@@ -266,11 +272,11 @@ def element_plant(d, window, part):
 # test_element_bound_at_its_edge_constructed.
 @pytest.mark.parametrize("arith, part", [("integer", "half"), ("floating", "fold")])
 @pytest.mark.parametrize("dt", DT)
-def test_element_bound_at_its_edge_in_a_real_output(arith, dt, part):
+def test_element_bound_at_its_edge_in_a_real_output(arith, dt, part, device):
     """One element of the path's own output moved to ~0.9x / ~1.1x of its bound. Where the
     bound is mostly the half spacing that is the other rounding of a near-tie; where it is
     mostly F (floating paths: K = 384 terms) a few ulps away."""
-    d = data(arith, dt)
+    d = data(arith, dt, device=device)
     for window in (LO, HI):
         found = element_plant(d, window, part)
         assert found is not None, f"{d['c'].id}: no {part}-bound element near {window}"
@@ -343,10 +349,10 @@ def test_element_bound_at_its_edge_constructed(arith, dt, part):
 
 # --- a comparison against the wrong reference ----------------------------------------------
 @pytest.mark.parametrize("dt", DT)
-def test_an_integer_path_returning_the_dense_reference_fails(dt):
+def test_an_integer_path_returning_the_dense_reference_fails(dt, device):
     """Q and D differ by more than the quantized tolerance on this case: a kernel that computes
     the dense product (no Q8) must fail the quantized check, whatever the dense one says."""
-    d = data("integer", dt)
+    d = data("integer", dt, device=device)
     y = torch.from_numpy(d["D"]).to(DT[dt])
     assert rel(y.double(), d["Q"]) > 1.5 * tol_quantized(dt), "precondition: Q and D differ enough here"
     r = judge(d, y)
@@ -355,8 +361,8 @@ def test_an_integer_path_returning_the_dense_reference_fails(dt):
 
 
 @pytest.mark.parametrize("dt", DT)
-def test_a_floating_path_returning_the_quantized_reference_fails(dt):
-    d = data("floating", dt)
+def test_a_floating_path_returning_the_quantized_reference_fails(dt, device):
+    d = data("floating", dt, device=device)
     Q = projection.quantized(d["inp"].x.cpu(), d["inp"].w.to("cpu"))
     y = torch.from_numpy(Q).to(DT[dt])
     assert rel(y.double(), d["D"]) > 1.5 * tol_dense("floating", dt), "precondition: Q and D differ enough here"
@@ -368,8 +374,8 @@ def test_a_floating_path_returning_the_quantized_reference_fails(dt):
 # --- NaN never passes -----------------------------------------------------------------------
 @pytest.mark.parametrize("arith, dt", ARITH_DT)
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
-def test_a_non_finite_output_fails_every_numeric_verdict(arith, dt, value):
-    d = data(arith, dt)
+def test_a_non_finite_output_fails_every_numeric_verdict(arith, dt, value, device):
+    d = data(arith, dt, device=device)
     y = d["y0"].clone()
     y[1, 7] = value
     r = judge(d, y)
@@ -379,10 +385,10 @@ def test_a_non_finite_output_fails_every_numeric_verdict(arith, dt, value):
 
 
 @pytest.mark.parametrize("metric", ["relative_rms", "bound"])
-def test_nan_in_a_metric_fails(metric, monkeypatch):
+def test_nan_in_a_metric_fails(metric, monkeypatch, device):
     """A NaN where the judge expects a number (an RMS, a per-element bound) is a failure: each
     comparison is written `not x <= tol`, which NaN never satisfies."""
-    d = data("integer", "bf16")
+    d = data("integer", "bf16", device=device)
     if metric == "relative_rms":
         monkeypatch.setattr(metrics, "relative_rms", lambda y, ref: float("nan"))
         want = {checks.RMS_QUANTIZED, checks.RMS_DENSE}
@@ -405,8 +411,8 @@ def _scaled(monkeypatch, obj, name, factor):
 
 
 @pytest.mark.parametrize("factor", [2, 4])
-def test_loosened_unit_roundoff_lets_the_rms_plant_pass(factor, monkeypatch):
-    d = data("integer", "bf16")
+def test_loosened_unit_roundoff_lets_the_rms_plant_pass(factor, monkeypatch, device):
+    d = data("integer", "bf16", device=device)
     tol = tol_quantized("bf16")
     y, got = rms_plant(d, d["Q"], 1.1 * tol, 2)
     assert checks.RMS_QUANTIZED in judge(d, y).failed
@@ -416,10 +422,10 @@ def test_loosened_unit_roundoff_lets_the_rms_plant_pass(factor, monkeypatch):
 
 
 @pytest.mark.parametrize("factor", [2, 4])
-def test_loosened_q8_budget_or_allowance_lets_the_dense_plant_pass(factor, monkeypatch):
-    kinds = q8_kinds("bf16")
+def test_loosened_q8_budget_or_allowance_lets_the_dense_plant_pass(factor, monkeypatch, device):
+    kinds = q8_kinds("bf16", device)
     for branch in ("budget", "allowance"):
-        d = data("integer", "bf16", kinds[branch])
+        d = data("integer", "bf16", kinds[branch], device=device)
         tol = tol_dense("integer", "bf16", d["Q"], d["D"])
         y, got = rms_plant(d, d["D"], 1.1 * tol, 4)
         assert checks.RMS_DENSE in judge(d, y).failed
@@ -433,10 +439,10 @@ def test_loosened_q8_budget_or_allowance_lets_the_dense_plant_pass(factor, monke
             assert checks.RMS_DENSE not in r.failed, (branch, r.failures)
 
 
-def test_a_loosened_fp32_fold_term_is_seen_in_the_bound(monkeypatch):
+def test_a_loosened_fp32_fold_term_is_seen_in_the_bound(monkeypatch, device):
     """FP32_FOLD is 0.3% of the bf16 bound: no plant at 1.1x can show it 4x looser, the bound's
     own value can (the edge tests compare it with the one derived here)."""
-    d = data("integer", "fp16")
+    d = data("integer", "fp16", device=device)
     _scaled(monkeypatch, registry, "FP32_FOLD", 4)
     r = judge(d, d["y0"])
     assert r.tol_quantized != pytest.approx(tol_quantized("fp16"), rel=1e-12)
@@ -453,9 +459,9 @@ def test_loosened_fold_unit_lets_the_fold_plant_pass(arith, factor, monkeypatch)
 
 @pytest.mark.parametrize("route", ["real integer", "constructed floating"])
 @pytest.mark.parametrize("factor", [2, 4])
-def test_loosened_half_spacing_lets_the_rounding_plant_pass(route, factor, monkeypatch):
+def test_loosened_half_spacing_lets_the_rounding_plant_pass(route, factor, monkeypatch, device):
     if route == "real integer":
-        d = data("integer", "fp16")
+        d = data("integer", "fp16", device=device)
         y, ratio, _, _ = element_plant(d, HI, "half")
 
         def verdict():
@@ -471,10 +477,10 @@ def test_loosened_half_spacing_lets_the_rounding_plant_pass(route, factor, monke
     assert checks.PER_ELEMENT not in verdict()
 
 
-def test_the_wrong_reference_in_the_judge_lets_the_dense_kernel_pass(monkeypatch):
+def test_the_wrong_reference_in_the_judge_lets_the_dense_kernel_pass(monkeypatch, device):
     """A judge that reads the dense reference where the quantized one is required passes an
     integer path that skips Q8: what the wrong-reference tests above catch."""
-    d = data("integer", "bf16")
+    d = data("integer", "bf16", device=device)
     y = torch.from_numpy(d["D"]).to(torch.bfloat16)
     real = checks.Inputs.reference
     monkeypatch.setattr(checks.Inputs, "reference", lambda self, which: real(self, "dense"))
@@ -596,9 +602,10 @@ def test_golden_bound_never_passes_a_non_finite_value(value):
 
 # --- replay: side_metrics' bounds and the signed-bias test ---------------------------------
 @functools.lru_cache(maxsize=None)
-def replay_data(dt, arith="integer"):
+def replay_data(dt, arith="integer", *, device):
     """One captured-like call (M = 1, N = 2048, K = 256) of a PQ2 weight, its References, and
-    the real output of int_gemv (integer) or native (floating)."""
+    the real output of int_gemv (integer) or native (floating) on `device` (inputs drawn on the
+    CPU, references there)."""
     from pq2verify import inputs
     w = inputs.ternary_weight(2048, 256, 5, "cpu", "prepared")
     x = inputs.activations(1, 256, 6, "normal", DT[dt], "cpu")
@@ -606,7 +613,7 @@ def replay_data(dt, arith="integer"):
     call = replay.Call(f"{layer}/1", layer, replay.kind_of(layer), 1, x)
     refs = replay.References([call], {layer: w})
     p = registry.get(PATHS[arith])
-    y0 = p.kernel()(x, w, out=torch.empty(1, 2048, dtype=DT[dt]))
+    y0 = p.kernel()(x.to(device), w.to(device), out=torch.empty(1, 2048, dtype=DT[dt], device=device)).cpu()
     Q, D = refs.get(call, "quantized"), refs.get(call, "dense")
     c = cases.Case(p.name, "r", 2048, 256, 1, dt, "prepared")
     return dict(p=p, c=c, call=call, refs=refs, y0=y0, Q=Q, D=D, Y=Q if arith == "integer" else D,
@@ -619,8 +626,8 @@ def side(d, y):
 
 @pytest.mark.parametrize("arith, dt, which", [(a, t, w) for a, t in ARITH_DT for w in ("quantized", "dense")
                                               if (a, w) != ("floating", "quantized")])
-def test_replay_relative_rms_at_its_edge(arith, dt, which):
-    d = replay_data(dt, arith)
+def test_replay_relative_rms_at_its_edge(arith, dt, which, device):
+    d = replay_data(dt, arith, device=device)
     R = d["Q"] if which == "quantized" else d["D"]
     tol = tol_quantized(dt) if which == "quantized" else tol_dense(arith, dt, d["Q"], d["D"])
     for (a, b), seed in ((LO, 5), (HI, 6)):
@@ -634,8 +641,8 @@ def test_replay_relative_rms_at_its_edge(arith, dt, which):
 
 @pytest.mark.parametrize("arith, part", [("integer", "half"), ("floating", "fold")])
 @pytest.mark.parametrize("dt", DT)
-def test_replay_element_bound_at_its_edge(arith, part, dt):
-    d = replay_data(dt, arith)
+def test_replay_element_bound_at_its_edge(arith, part, dt, device):
+    d = replay_data(dt, arith, device=device)
     for window in (LO, HI):
         y, ratio, _, _ = element_plant(d, window, part)
         bound = element_bound(arith, 256, d["S"], d["Y"], dt)[0]
@@ -646,8 +653,8 @@ def test_replay_element_bound_at_its_edge(arith, part, dt):
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_replay_never_passes_a_non_finite_output(value):
-    d = replay_data("bf16")
+def test_replay_never_passes_a_non_finite_output(value, device):
+    d = replay_data("bf16", device=device)
     y = d["y0"].clone()
     y[0, 3] = value
     r = side(d, y)
@@ -657,8 +664,8 @@ def test_replay_never_passes_a_non_finite_output(value):
 
 
 @pytest.mark.parametrize("factor", [2, 4])
-def test_replay_loosened_bounds_let_the_plants_pass(factor, monkeypatch):
-    d = replay_data("bf16")
+def test_replay_loosened_bounds_let_the_plants_pass(factor, monkeypatch, device):
+    d = replay_data("bf16", device=device)
     y_rms, _ = rms_plant(d, d["Q"], 1.1 * tol_quantized("bf16"), 6)
     y_el = element_plant(d, HI, "half")[0]
     assert any("relative RMS vs quantized" in f for f in side(d, y_rms)["failures"])
@@ -670,10 +677,10 @@ def test_replay_loosened_bounds_let_the_plants_pass(factor, monkeypatch):
     assert not any("per-element bound" in f for f in side(d, y_el)["failures"])
 
 
-def test_replay_a_nan_bound_is_outside(monkeypatch):
+def test_replay_a_nan_bound_is_outside(monkeypatch, device):
     """A NaN per-element bound (a NaN in S or the reference) must count as outside: the count
     of outputs outside was `ratio > 1`, which NaN never is, so such a call passed."""
-    d = replay_data("bf16")
+    d = replay_data("bf16", device=device)
     real = registry.Path.element_bound
 
     def nan_bound(self, *a):
@@ -723,8 +730,8 @@ def bias_plant(d, dt, stat, target):
 
 @pytest.mark.parametrize("dt", DT)
 @pytest.mark.parametrize("stat, sign", [("t_scale", 1), ("t_scale", -1), ("t_offset", 1), ("t_offset", -1)])
-def test_replay_bias_threshold_at_its_edge(dt, stat, sign):
-    d = replay_data(dt)
+def test_replay_bias_threshold_at_its_edge(dt, stat, sign, device):
+    d = replay_data(dt, device=device)
     z = bias_z(1, 1)
     a_out = replay.Out("int_gemv", d["y0"], None)
     for window in (LO, HI):
@@ -741,8 +748,8 @@ def test_replay_bias_threshold_at_its_edge(dt, stat, sign):
             f"reproduce: {HERE} -k 'bias and {dt}'")
 
 
-def test_replay_bias_threshold_loosened_lets_the_plant_pass(monkeypatch):
-    d = replay_data("fp16")
+def test_replay_bias_threshold_loosened_lets_the_plant_pass(monkeypatch, device):
+    d = replay_data("fp16", device=device)
     y, t = bias_plant(d, "fp16", "t_scale", 1.1 * bias_z(1, 1))
     outs = ([replay.Out("int_gemv", d["y0"], None)], [replay.Out("gemv", y, None)])
     assert res_biased(replay.evaluate([d["call"]], d["refs"], *outs))
