@@ -175,15 +175,59 @@ def test_rms_edge_faults_land_at_their_bound(name, fault, which, lo, hi, device)
     if which == "quantized" and p.reference != "quantized":
         pytest.skip("a floating path has no quantized reference")
     y, _, inp = _planted(name, fault, device)
+    R, tol = _rms_bound(p, inp, which)
+    got = float(np.linalg.norm(y - R) / np.linalg.norm(R)) / tol
+    assert lo <= got <= hi, (f"{fault} on {name} landed at {got:.3f}x; "
+                             f"reproduce: {selftest.REPRO.format(device=device, path=name, fault=fault)}")
+
+
+def _rms_bound(p, inp, which):
+    """(R, the bound derived here): SPEC §7: u + 1e-5; an integer path's dense bound the Q8
+    gate 0.03, where the exact Q8 error plus u is below it (asserted: as on the selftest case)."""
     R = inp.reference(which)
     u = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}[inp.case.dtype]
     tol = 0.03 if (which == "dense" and p.arithmetic == "integer") else u + 1e-5
     if which == "dense" and p.arithmetic == "integer":
         Q = inp.reference("quantized")
         assert np.linalg.norm(Q - R) / np.linalg.norm(R) + (u + 1e-5) * np.linalg.norm(Q) / np.linalg.norm(R) < tol
-    got = float(np.linalg.norm(y - R) / np.linalg.norm(R)) / tol
-    assert lo <= got <= hi, (f"{fault} on {name} landed at {got:.3f}x; "
-                             f"reproduce: {selftest.REPRO.format(device=device, path=name, fault=fault)}")
+    return R, tol
+
+
+class _OtherBits:
+    """A Broken whose path's own run gives `y0`: the fault planted on another backend's bits."""
+
+    def __init__(self, p, y0):
+        self.path, self.y0, self.state, self.fired = p, y0, {}, 0
+
+    def real(self, x, w, out=None, dots=None):
+        return self.y0.clone()
+
+
+@pytest.mark.parametrize("name", ["int_gemv", "native"])
+@pytest.mark.parametrize("fault, which, lo, hi", [
+    ("rms_quantized_beyond", "quantized", 1.05, 1.15), ("rms_quantized_inside", "quantized", 0.85, 0.95),
+    ("rms_dense_beyond", "dense", 1.05, 1.15), ("rms_dense_inside", "dense", 0.85, 0.95)])
+def test_rms_edge_faults_land_at_their_bound_whatever_the_paths_bits(name, fault, which, lo, hi, device):
+    """Another backend rounds some outputs the other way: with 30% of the path's outputs one
+    step off (8 draws), each plant still lands in its window. Bisecting the plant's scale alone
+    landed at 1.16x / 0.96x on the H200's bits (one output's step is a few % of a 64-output
+    row's error)."""
+    p = registry.get(name)
+    if which == "quantized" and p.reference != "quantized":
+        pytest.skip("a floating path has no quantized reference")
+    inp = checks.Inputs(cases.selftest_case(p), device)
+    real, _ = checks.call(p, inp)
+    R, tol = _rms_bound(p, inp, which)
+    rc = real.cpu()
+    for seed in range(1, 9):
+        g = np.random.default_rng(seed)
+        flip = torch.from_numpy(g.random(rc.shape) < 0.3) & (rc != 0)       # 0 - 1 step is a NaN pattern
+        step = torch.from_numpy(g.choice([-1, 1], rc.shape)).to(torch.int16)
+        y0 = torch.where(flip, rc.view(torch.int16) + step, rc.view(torch.int16)).view(rc.dtype).to(real.device)
+        y = selftest.BY_NAME[fault].apply(_OtherBits(p, y0), inp.x, inp.w, None, None)
+        got = float(np.linalg.norm(y.double().cpu().numpy() - R) / np.linalg.norm(R)) / tol
+        assert lo <= got <= hi, (f"{fault} on {name}, bits draw {seed}: landed at {got:.3f}x; reproduce: "
+                                 f"pytest -p no:randomly tests/test_selftest.py -k 'whatever_the_paths_bits and {name}'")
 
 
 @pytest.mark.parametrize("name", ["int_gemv", "native"])
