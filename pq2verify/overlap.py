@@ -64,7 +64,7 @@ class Rendezvous:
 
 HOLD_NS = 200_000        # 200 us: some 20-50x a dependent's launch latency plus a small consumer's run
 HOLD_MAX_SPIN = 1 << 24  # timer reads: a frozen timer ends the hold instead of hanging
-GATE_SPIN = 1 << 24      # about four seconds of polling for the host to enqueue the consumer
+GATE_SPIN = 1 << 26      # some 16 s of polling: the host enqueues (and may compile) the consumer
 
 
 @triton.jit
@@ -124,6 +124,7 @@ class Hold:
 
     def __init__(self, hold_ns: int = HOLD_NS, device="cuda"):
         self.hold_ns, self.device, self.rounds = int(hold_ns), device, 0
+        self._seen_rounds = self._seen_met = 0      # at the last witness(): its gate is judged anew
         self._gate = Rendezvous(2, device=device, max_spin=GATE_SPIN)
         self._side = torch.cuda.Stream(device=device)
         self._state = torch.zeros(4, dtype=torch.int64, device=device)    # [done, t0, t_end, spins]
@@ -168,8 +169,11 @@ class Hold:
         return self._seen
 
     def witness(self) -> dict:
-        """After a synchronize: the last round's gate opened (both parties of every round met),
-        the producer finished, its start time and how long it held (ns), its timer reads."""
+        """After a synchronize: the gate opened properly for every round since the last call (both
+        parties met, none timed out), the last producer finished, its start time and how long it
+        held (ns), its timer reads."""
         done, t0, t1, spins = (int(v) for v in self._state.tolist())
-        return dict(released=self._gate.met() == 2 * self.rounds, done=done == 1, t0=t0,
-                    held_ns=t1 - t0, spins=spins)
+        met = self._gate.met()
+        released = met - self._seen_met == 2 * (self.rounds - self._seen_rounds)
+        self._seen_met, self._seen_rounds = met, self.rounds
+        return dict(released=released, done=done == 1, t0=t0, held_ns=t1 - t0, spins=spins)

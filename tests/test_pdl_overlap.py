@@ -128,12 +128,14 @@ def _inputs(name, n, k, m, seed=5):
 
 
 def _held_runs(monkeypatch, mod, x, w, good, hold, stream):
-    """REPEATS overlapped calls of mod.run: per repeat (output, hold witness)."""
+    """REPEATS overlapped calls of mod.run: per repeat (output, hold witness). One more call goes
+    first, not counted: it compiles the producer's specialization for these copies (the gate
+    waits seconds for that, but a compile is no part of what is judged)."""
     from kernels import prepare
     log = []
     monkeypatch.setattr(prepare, "quantize_q8", held_quantize(good, hold.arm, log))
     runs = []
-    for _ in range(REPEATS):
+    for _ in range(1 + REPEATS):
         with torch.cuda.stream(stream):
             out = torch.full((x.shape[0], w.n), float("nan"), dtype=x.dtype, device=x.device)
             mod.run(x, w, out=out)
@@ -141,8 +143,8 @@ def _held_runs(monkeypatch, mod, x, w, good, hold, stream):
         torch.cuda.synchronize()
         runs.append((out, hold.witness()))
     monkeypatch.undo()
-    assert len(log) == REPEATS, f"run() called quantize_q8 {len(log)} times in {REPEATS} calls"
-    return runs, log
+    assert len(log) == 1 + REPEATS, f"run() called quantize_q8 {len(log)} times in {1 + REPEATS} calls"
+    return runs[1:], log
 
 
 def _why(r, wit, out, ref) -> str:
@@ -218,7 +220,7 @@ def test_quantize_waits_for_a_held_producer():
     hold, stream = overlap.Hold(), torch.cuda.Stream()
     torch.cuda.synchronize()
     bad = []
-    for r in range(REPEATS):
+    for r in range(-1, REPEATS):           # round -1 compiles the producer's specialization: not judged
         with torch.cuda.stream(stream):
             x = torch.full_like(x_good, float("nan"))
             count = torch.zeros(8, dtype=torch.int32, device="cuda")
@@ -227,6 +229,8 @@ def test_quantize_waits_for_a_held_producer():
         hold.release()
         torch.cuda.synchronize()
         wit = hold.witness()
+        if r < 0:
+            continue
         diff = [f"{nm} {ndiff(a, b)}" for nm, a, b in zip(("q", "scales", "sums"), got, ref) if not same_bits(a, b)]
         if diff or int(count.abs().sum()) or not (wit["released"] and wit["done"] and wit["held_ns"] >= hold.hold_ns):
             bad.append(f"repeat {r}: differing {diff}, counters {count.tolist()}, {wit}")
