@@ -115,6 +115,21 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.int32)
 
 
+def word_views(copies) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(src, dst) pairs, at most four, of equal shape and dtype -> their int32 word views (views:
+    a write to dst's lands in dst), as the producer copies them."""
+    copies = list(copies)
+    if len(copies) > 4:
+        raise ValueError(f"Hold: at most four copies, got {len(copies)}")
+    out = []
+    for src, dst in copies:
+        if src.dtype != dst.dtype or src.shape != dst.shape or src.device != dst.device:
+            raise ValueError(f"Hold: copy {tuple(src.shape)} {src.dtype} on {src.device} -> "
+                             f"{tuple(dst.shape)} {dst.dtype} on {dst.device}")
+        out.append((_words(src), _words(dst)))
+    return out
+
+
 class Hold:
     """`arm(copies)` enqueues, on the current stream: the gate, then the producer (trigger its
     dependents, hold `hold_ns`, copy each (src, dst) pair, at most four, then set a done flag).
@@ -138,13 +153,8 @@ class Hold:
         torch.cuda.synchronize(device)
 
     def _launch(self, copies, state, hold_ns) -> None:
-        if len(copies) > 4:
-            raise ValueError(f"Hold: at most four copies, got {len(copies)}")
         args = []
-        for src, dst in copies:
-            if src.dtype != dst.dtype or src.shape != dst.shape:
-                raise ValueError(f"Hold: copy {tuple(src.shape)} {src.dtype} -> {tuple(dst.shape)} {dst.dtype}")
-            s, d = _words(src), _words(dst)
+        for s, d in word_views(copies):
             args += [s, d, s.numel()]
         args += [self._dummy, self._dummy, 0] * (4 - len(copies))
         _hold_kernel[(1,)](*args, state, hold_ns, MAX_SPIN=HOLD_MAX_SPIN, BLOCK=1024, num_warps=1)

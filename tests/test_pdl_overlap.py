@@ -105,13 +105,14 @@ def _poison_like(q, xs, t):
     return (torch.full_like(q, POISON_Q), torch.full_like(xs, float("nan")), torch.full_like(t, POISON_T))
 
 
-def held_quantize(good, arm, log):
+def held_quantize(good, arm, log, pdl_expected=True):
     """A stand-in for kernels.prepare.quantize_q8 inside gemv.run / small_mma.run: returns
     poisoned (q, xs, t) and calls arm(copies) with what the producer must write into them (the
     real quantize's outputs `good`, and zeros for the split-K counters); run() then launches
     its kernel with launch_pdl=True right after."""
     def quantize_q8(x, order="plain", pdl=False, zero=None):
-        assert order == "plane" and pdl, f"the consumer's quantize call: order={order!r} pdl={pdl} (PDL expected)"
+        assert order == "plane" and pdl == pdl_expected, (
+            f"the consumer's quantize call: order={order!r} pdl={pdl} (pdl={pdl_expected} expected)")
         q, xs, t = _poison_like(*good)
         copies = [(good[0], q), (good[1], xs), (good[2], t)]
         if zero is not None:
@@ -361,3 +362,53 @@ def test_the_poison_reaches_every_output(monkeypatch):
     assert bool(torch.isfinite(ref.float()).all()) and bool(torch.isnan(out.float()).all()), (
         f"poisoned quantize outputs: {int(torch.isnan(out.float()).sum())} of {out.numel()} outputs NaN; "
         "reproduce: pytest -p no:randomly tests/test_pdl_overlap.py -k poison")
+
+
+class _CopyAtOnce:
+    """Hold's stand-in on the CPU: arm() makes the producer's copies at once, through the same
+    word views, or (copy=False) never, as if every read came before the producer's writes."""
+
+    def __init__(self, copy: bool):
+        self.copy, self.rounds = copy, 0
+
+    def arm(self, copies):
+        for s, d in overlap.word_views(copies):
+            if self.copy:
+                d.copy_(s)
+        self.rounds += 1
+
+
+@pytest.mark.parametrize("name,m", [("gemv", 1), ("small_mma", 3)])
+def test_the_held_quantize_hands_the_consumer_its_inputs(name, m, monkeypatch):
+    """The GPU test's plumbing on the interpreter: run() handed the held quantize's tensors gives
+    the reference's bits when the producer's copies land (split-K counters zeroed by them: the
+    interpreter's configs split), and the poison (NaN in every output) when they never do."""
+    from kernels import prepare
+    mod = importlib.import_module(f"kernels.{name}")
+    x, w = graphs.make_inputs(registry.get(name), m, 64, 512, seed=5)
+    ref = mod.run(x, w)
+    assert mod.config(64, 512, m)["SPLIT"] > 1, "the interpreter's config no longer splits: counters untested"
+    good = prepare.quantize_q8(x, order="plane")
+    for copy in (True, False):
+        log, hold = [], _CopyAtOnce(copy)
+        monkeypatch.setattr(prepare, "quantize_q8", held_quantize(good, hold.arm, log, pdl_expected=False))
+        out = torch.full_like(ref, float("nan"))
+        mod.run(x, w, out=out)
+        monkeypatch.undo()
+        assert log == [True] and hold.rounds == 1, (log, hold.rounds)
+        if copy:
+            assert same_bits(out, ref), f"{name}: {ndiff(out, ref)} outputs differ with the copies made"
+        else:
+            assert bool(torch.isnan(out.float()).all()), f"{name}: poison reached {ndiff(out, ref)} of {out.numel()}"
+
+
+def test_word_views_refuse_what_the_producer_cannot_copy():
+    a = torch.zeros(4, 8, dtype=torch.int8)
+    (s, d), = overlap.word_views([(a, torch.ones_like(a))])
+    assert s.dtype == torch.int32 and s.numel() == 8 and d.data_ptr() != s.data_ptr()
+    with pytest.raises(ValueError, match="copy"):
+        overlap.word_views([(a, torch.zeros(4, 8, dtype=torch.int16))])
+    with pytest.raises(ValueError, match="whole 32-bit words"):
+        overlap.word_views([(torch.zeros(3, dtype=torch.int8), torch.zeros(3, dtype=torch.int8))])
+    with pytest.raises(ValueError, match="at most four"):
+        overlap.word_views([(a, a)] * 5)
