@@ -226,8 +226,8 @@ def test_rms_edge_faults_land_at_their_bound_whatever_the_paths_bits(name, fault
         y0 = torch.where(flip, rc.view(torch.int16) + step, rc.view(torch.int16)).view(rc.dtype).to(real.device)
         y = selftest.BY_NAME[fault].apply(_OtherBits(p, y0), inp.x, inp.w, None, None)
         got = float(np.linalg.norm(y.double().cpu().numpy() - R) / np.linalg.norm(R)) / tol
-        assert lo <= got <= hi, (f"{fault} on {name}, bits draw {seed}: landed at {got:.3f}x; reproduce: "
-                                 f"pytest -p no:randomly tests/test_selftest.py -k 'whatever_the_paths_bits and {name}'")
+        assert lo <= got <= hi, (f"{fault} on {name}, bits draw {seed}: landed at {got:.3f}x; reproduce: pytest "
+                                 f"-p no:randomly tests/test_selftest.py -k 'whatever_the_paths_bits and {name}'")
 
 
 @pytest.mark.parametrize("name", ["int_gemv", "native"])
@@ -295,9 +295,10 @@ def test_a_path_equal_to_its_counterpart_is_a_known_hole_on_a_gpu(name, device):
     v = _verdict(name, "as_counterpart", device)
     assert v.status in ("known hole", "caught"), f"{v.cell()}; reproduce: {v.repro}"
     if v.status == "caught":
-        assert v.caught_by == ["golden bytes"], v.cell()
+        assert v.caught_by == ["golden bytes"], f"{v.cell()}; reproduce: {v.repro}"
     else:
-        assert "the declared-fold check runs on the interpreter only" in v.reason and not v.caught_by, v.cell()
+        assert "the declared-fold check runs on the interpreter only" in v.reason and not v.caught_by, (
+            f"{v.cell()}; reproduce: {v.repro}")
     assert selftest.summary([v])["ok"]
 
 
@@ -318,20 +319,23 @@ def test_a_known_hole_is_only_where_no_check_can_see_the_fault(name, cpu, cuda):
     paths only where the declared-fold check is off; every other fault, and any fault where the
     golden capture is missing, is never one."""
     f = selftest.BY_NAME["as_counterpart"]
+    again = "reproduce: pytest -p no:randomly tests/test_selftest.py -k known_hole_is_only"
     for dev, want in (("cpu", cpu), ("cuda", cuda)):
         why = selftest.known_hole(_context_on(name, dev), f)
-        assert bool(why) == want, (name, dev, why)
-        assert not why or why.startswith(f"no check can see it on {dev}: ")
-        assert selftest.known_hole(_context_on(name, dev, golden_id=None), f) == ""
+        assert bool(why) == want, f"{name} on {dev}: {why!r}; {again}"
+        assert not why or why.startswith(f"no check can see it on {dev}: "), f"{why}; {again}"
+        assert selftest.known_hole(_context_on(name, dev, golden_id=None), f) == "", f"no golden: {again}"
         for other in selftest.FAULTS:
             if other is not f:
-                assert selftest.known_hole(_context_on(name, dev), other) == "", other.name
+                assert selftest.known_hole(_context_on(name, dev), other) == "", f"{other.name}: {again}"
 
 
 def test_a_known_hole_passes_the_run_and_is_listed(device, capsys):
-    assert cli.main(["--device", device, "selftest", "--paths", "small_gemm", "--faults", "as_counterpart"]) == 0
+    cmd = f"pq2verify --device {device} selftest --paths small_gemm --faults as_counterpart"
+    rc = cli.main(cmd.split()[1:])
     out = capsys.readouterr().out
-    assert "known hole: no check can see it on" in out and "1 known holes" in out
+    assert rc == 0 and "known hole: no check can see it on" in out and "1 known holes" in out, (
+        f"{out}\nreproduce: {cmd}")
     v = selftest.Verdict("as_counterpart", "small_gemm", "known hole", reason="why", repro="cmd")
     md = selftest.markdown([v])
     assert "Known holes" in md and "- as_counterpart x small_gemm: why; reproduce: `cmd`" in md
@@ -341,7 +345,8 @@ def test_without_its_golden_capture_the_hole_is_undetected(device):
     """A missing capture is a missing check: the counterpart fault then fails the run."""
     ctx = selftest.Context(registry.get("small_gemm"), device, "no golden here")
     v = selftest.try_fault(ctx, selftest.BY_NAME["as_counterpart"])
-    assert v.status == "UNDETECTED" and "no golden here" in v.reason, v.cell()
+    assert v.status == "UNDETECTED" and "no golden here" in v.reason, (
+        f"{v.cell()}; reproduce: pytest -p no:randomly tests/test_selftest.py -k without_its_golden")
     assert not selftest.summary([v])["ok"]
 
 
