@@ -19,14 +19,15 @@ def _cmd(argv) -> str:
     return "./pq2 --device " + DEVICE + " " + " ".join(a if a and " " not in a else repr(a) for a in argv)
 
 
+@pytest.fixture(autouse=True)
+def _cli(run_cli):
+    global _in_process
+    _in_process = run_cli
+
+
 def _main(capsys, argv):
     """(exit code, stdout, stderr) of an in-process `pq2verify --device DEVICE ARGV`."""
-    try:
-        rc = cli.main(["--device", DEVICE, *argv])
-    except SystemExit as e:
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return _in_process(["--device", DEVICE, *argv])
 
 
 @pytest.fixture

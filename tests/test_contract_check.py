@@ -25,14 +25,15 @@ FOUR = ["--shapes", "small", "--paths", "native", "--m", "1", "--dtype", "bf16"]
 OTHER = [*FOUR[:-3], "2", "--dtype", "bf16"]       # the same at M = 2: another selection
 
 
+@pytest.fixture(autouse=True)
+def _cli(run_cli):
+    global _in_process
+    _in_process = run_cli
+
+
 def _main(capsys, *argv):
     """(exit code, stdout, stderr) of an in-process `pq2verify --device DEVICE ARGV`."""
-    try:
-        rc = cli.main(["--device", DEVICE, *argv])
-    except SystemExit as e:
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return _in_process(["--device", DEVICE, *argv])
 
 
 @pytest.fixture

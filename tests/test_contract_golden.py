@@ -23,14 +23,15 @@ DEV = "cpu" if KEY == "interpreter" else "cuda"
 COMMITTED = golden.default_dir(KEY)
 
 
+@pytest.fixture(autouse=True)
+def _runner(run_cli):
+    global _in_process
+    _in_process = run_cli
+
+
 def _cli(capsys, *argv):
     """(exit code, stdout, stderr) of an in-process `./pq2 --device DEVICE golden ARGV`."""
-    try:
-        rc = cli.main(["--device", DEVICE, "golden", *argv])
-    except SystemExit as e:
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return _in_process(["--device", DEVICE, "golden", *argv])
 
 
 @pytest.fixture

@@ -21,15 +21,15 @@ pytest.importorskip("transformers")
 SMALL = ["--digits", "2", "--threads", "1", "--batch-size", "2", "--max-new-tokens", "4"]
 
 
+@pytest.fixture(autouse=True)
+def _cli(run_cli):
+    global _in_process
+    _in_process = run_cli
+
+
 def gsm8k(capsys, *argv):
     """(exit code, stdout, stderr) of an in-process `pq2verify --device cpu gsm8k ARGV`."""
-    from pq2verify import cli
-    try:
-        rc = cli.main(["--device", "cpu", "gsm8k", *map(str, argv)])
-    except SystemExit as e:            # argparse's own errors
-        rc = e.code
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
+    return _in_process(["--device", "cpu", "gsm8k", *argv])
 
 
 def _refuse(what):

@@ -19,14 +19,15 @@ pytestmark = pytest.mark.replay
 REPRO = "pytest -p no:randomly tests/test_contract_replay.py -k"
 
 
+@pytest.fixture(autouse=True)
+def _cli(run_cli):
+    global _in_process
+    _in_process = run_cli
+
+
 def _main(capsys, *argv):
     """(exit code, stdout, stderr) of an in-process `pq2verify ARGV`, argparse errors too."""
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return _in_process(argv)
 
 
 @pytest.fixture(scope="module")
