@@ -70,7 +70,7 @@ for spec in "$@"; do
         replay) model_site && pq2m replay --a legacy --b tuned --faults all --json "$R/replay.json" \
                     --markdown "$R/replay-faults.md" ;;
         benchselftest) pq2 bench --selftest --json "$R/bench-selftest.json" ;;
-        benchquick) pq2 bench --a legacy --b tuned --quick --budget-s $((cap - 30)) \
+        benchquick) pq2 bench --a legacy --b tuned --quick ${BENCH_ARGS:-} --budget-s $((cap - 30)) \
                     --json "$R/bench-quick.json" --report "$R/bench-quick.md" ;;
         bench) pq2 bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
