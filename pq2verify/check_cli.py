@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import outputs
-from .cli import UsageError, check_writable, names, nonempty, positive_int, positive_ints  # noqa: F401
+from .cli import UsageError, names, nonempty, positive_int, positive_ints  # noqa: F401
 from .progress import Progress
 
 FORMAT = "pq2verify-check/2"
@@ -598,21 +598,11 @@ def run(args) -> int:
            "selection": {"total": len(chosen), "backend": key, "fingerprint": fingerprint(chosen, key),
                          "shard": list(args.shard) if args.shard else None, "cases": len(todo), "reruns": reruns},
            "selfcheck": {"status": "not run yet", "checks": []}, "cases": []}
-    failed_write = []
+    live = outputs.Rewritten(args.json, "--json",
+                             lambda msg: console.print(f"[yellow]warning[/]: {msg}", soft_wrap=True))
 
     def save():
-        """The --json as it stands; a failed write is reported once and tried again after the
-        next case (the last write decides the exit code)."""
-        if not args.json:
-            return
-        try:
-            outputs.write_text(args.json, json.dumps(out, indent=1, default=str), "--json")
-            failed_write.clear()
-        except outputs.WriteError as e:
-            if not failed_write:
-                console.print(f"[yellow]warning[/]: {e}; the run goes on and writes it again after each case",
-                              soft_wrap=True)
-            failed_write[:] = [e]
+        live.save(out)
     save()
     out["selfcheck"] = sc = _selfcheck(args)
     ok_all = sc["status"] != "failed"

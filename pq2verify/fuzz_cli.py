@@ -98,18 +98,10 @@ def main(args) -> int:
     prov = provenance.collect()
     out = {"format": FORMAT, "provenance": prov, "seed": seed, "paths": [p.name for p in sel],
            "budget_s": budget, "max_cases": args.max_cases, "complete": False, "cases": []}
-    warned = []
+    live = outputs.Rewritten(args.json, "--json", lambda msg: print(f"warning: {msg}", file=sys.stderr))
 
     def save():
-        if not args.json:
-            return
-        try:
-            outputs.write_text(args.json, json.dumps(out, indent=1, default=str), "--json")
-            warned.clear()
-        except outputs.WriteError as e:
-            if not warned:
-                print(f"warning: {e}; the run goes on and writes it again after each case", file=sys.stderr)
-            warned[:] = [e]
+        live.save(out)
 
     def row(o):
         d = o.result.to_json() if o.result is not None else {"case": o.case.id, "repro": o.case.repro(), "ok": None}

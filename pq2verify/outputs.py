@@ -129,6 +129,27 @@ def write_text(path, text: str, option: str) -> None:
         raise WriteError(f"{option} {p}: could not write: {e.strerror or e}") from None
 
 
+class Rewritten:
+    """A JSON output rewritten as results arrive (`save(obj)` after each one), so an interrupted
+    or crashed run keeps what it measured. A failed write is reported once through `warn` and
+    tried again at the next save; the final write (write_all) decides the exit code."""
+
+    def __init__(self, path, option: str, warn):
+        self.path, self.option, self.warn, self.failed = path, option, warn, None
+
+    def save(self, obj) -> None:
+        if not self.path:
+            return
+        import json
+        try:
+            write_text(self.path, json.dumps(obj, indent=1, default=str), self.option)
+            self.failed = None
+        except WriteError as e:
+            if self.failed is None:
+                self.warn(f"{e}; the run goes on and writes it again after each result")
+            self.failed = e
+
+
 def _umask() -> int:
     u = os.umask(0)
     os.umask(u)
