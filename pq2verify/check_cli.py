@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import outputs
-from .cli import UsageError, names, nonempty, positive_int, positive_ints  # noqa: F401
+from .cli import UsageError, check_writable, names, nonempty, positive_int, positive_ints  # noqa: F401
 from .progress import Progress
 
 FORMAT = "pq2verify-check/2"
