@@ -9,10 +9,10 @@ bad input, refused before any work (an A/B whose A and B resolve to the same pat
 among them); 3: an output file could not be written (the verdict printed before it stands)."""
 import argparse
 import json
-import math
 from pathlib import Path
 
-from .cli import UsageError, existing_file, names, nonempty, nonneg_int, positive_int, positive_ints
+from .cli import (UsageError, existing_file, finite_float, names, nonempty, nonneg_float, nonneg_int,
+                  positive_float, positive_int, positive_ints)
 
 
 def register(sub):
@@ -87,34 +87,9 @@ def _shapes(s):
     return ",".join(names(s))
 
 
-def _positive(s):
-    try:
-        v = float(s)
-    except ValueError:
-        v = None
-    if v is None or not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
-
-
-def _nonneg(s):
-    try:
-        v = float(s)
-    except ValueError:
-        v = None
-    if v is None or not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
-    return v
-
-
-def _fraction(s):
-    try:
-        v = float(s)
-    except ValueError:
-        v = None
-    if v is None or not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {s!r}")
-    return v
+_positive = positive_float
+_nonneg = nonneg_float
+_fraction = finite_float(lambda v: 0 <= v < 1, "a fraction in [0, 1)")
 
 
 def config(args):

@@ -2,6 +2,7 @@
 `register(subparsers)`, which adds its parser and sets `func` (args -> exit code)."""
 import argparse
 import importlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -42,6 +43,23 @@ def _ints_at_least(lo: int):
             raise argparse.ArgumentTypeError(f"{', '.join(map(str, dup))} given twice in {s!r}")
         return out
     return parse
+
+
+def finite_float(ok, expected: str):
+    """argparse type: a finite float for which ok(v) holds; the error says `expected ...`."""
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            v = float("nan")
+        if not (math.isfinite(v) and ok(v)):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}")
+        return v
+    return parse
+
+
+positive_float = finite_float(lambda v: v > 0, "a positive number")
+nonneg_float = finite_float(lambda v: v >= 0, "a number >= 0")
 
 
 # comma-separated lists of them (e.g. --m 1,17, --positions 0,32)

@@ -8,7 +8,7 @@ import sys
 import time
 
 from . import outputs
-from .cli import UsageError, names, positive_int
+from .cli import UsageError, finite_float, names, positive_int
 
 FORMAT = "pq2verify-fuzz/1"
 DEFAULT_BUDGET_S = 60.0
@@ -24,14 +24,7 @@ smallest, as `./pq2 check --case ID` lines. On the interpreter shapes stay small
 reach the model's."""
 
 
-def _budget(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        v = float("nan")
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {s!r}")
-    return v
+_budget = finite_float(lambda v: v > 0, "a finite number of seconds > 0")
 
 
 def _seed(s: str) -> int:

@@ -61,10 +61,16 @@ def test_main_turns_a_write_failure_into_its_own_exit_code(monkeypatch, capsys):
 @pytest.mark.parametrize("parse, value", [
     (cli.positive_ints, ""), (cli.positive_ints, ","), (cli.positive_ints, "1,,2"), (cli.positive_ints, "1,1"),
     (cli.names, ""), (cli.names, ","), (cli.names, "a,"), (cli.names, "a,a"), (cli.nonempty, ""), (cli.nonempty, " "),
+    (cli.positive_float, "0"), (cli.positive_float, "-1"), (cli.positive_float, "nan"), (cli.positive_float, "inf"),
+    (cli.positive_float, "x"), (cli.nonneg_float, "-0.1"), (cli.nonneg_float, "nan"),
 ])
 def test_empty_and_duplicate_values_are_usage_errors(parse, value):
     with pytest.raises(argparse.ArgumentTypeError):
         parse(value)
+
+
+def test_floats_in_range_pass():
+    assert cli.positive_float("0.5") == 0.5 and cli.nonneg_float("0") == 0.0
 
 
 def test_lists_keep_their_order():
