@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from . import cli
 from .cli import (UsageError, existing_file, finite_float, names, nonempty, nonneg_float, nonneg_int,
                   positive_float, positive_int, positive_ints)
 
@@ -24,8 +25,8 @@ def register(sub):
     ap.add_argument("--shapes", default="auto", type=_shapes,
                     help="bonsai27b, small, or shape names (gate_up,down,...); "
                          "auto: bonsai27b on a GPU, small on the interpreter")
-    ap.add_argument("--m", default=None, type=_ints,
-                    help="comma-separated M (default 1,2,4,8,16,128,2048; --quick 1,16,2048; "
+    cli.add_m_option(ap, type=_ints,
+                     help="comma-separated M (default 1,2,4,8,16,128,2048; --quick 1,16,2048; "
                          "interpreter 1,2,17)")
     ap.add_argument("--step-m", default=None, type=_ints,
                     help="M of the whole chained decode step (default 1,2,4,8,16; --quick 1,16; none: skip)")
@@ -54,7 +55,7 @@ def register(sub):
                     help="determinism reruns in the gate (default 2; --quick 1)")
     ap.add_argument("--bf16-step", default="auto", choices=("auto", "graph", "sum"),
                     help="BF16 decode step: one graph of 257 bf16 copies (51 GB), or per-shape medians x calls")
-    ap.add_argument("--json", default=None, help="write all results (provenance, rows, targets) to this file")
+    cli.add_output(ap, "--json", help="write all results (provenance, rows, targets) to this file")
     ap.add_argument("--jsonl", default=None, help="results as they come, one JSON line per item "
                                                   "(default: --json's name with .jsonl, else runs/bench.jsonl)")
     ap.add_argument("--baseline", default=None, type=existing_file,
@@ -67,8 +68,8 @@ def register(sub):
                     help="plant timing faults (cached output, half the weights, work on another stream, A == B, "
                          "a clock drop) and show which check catches each (CUDA GPU; about a minute)")
     ap.add_argument("--resume", action="store_true", help="keep the items already in --jsonl and run the rest")
-    ap.add_argument("--report", default=None, help="Markdown report; its plot is written beside it as .png")
-    ap.add_argument("--html", default=None, help="also a self-contained HTML page: the report with its plot")
+    cli.add_output(ap, "--report", help="Markdown report; its plot is written beside it as .png")
+    cli.add_output(ap, "--html", help="also a self-contained HTML page: the report with its plot")
     ap.add_argument("--dry-run", action="store_true",
                     help="fake gates and timings, no kernel runs (not a measurement): exercises table, "
                          "report, plot, resume; the only mode without a CUDA GPU")
@@ -113,7 +114,7 @@ def jsonl_path(args) -> Path:
 def _check_outputs(args) -> None:
     """Every output on its own file, none on an input, each writable: before any work."""
     from . import outputs
-    outs = [("--json", args.json), ("--report", args.report), ("--html", args.html)]
+    outs = cli.output_paths(args)
     if args.jsonl is not None:
         outs.append(("--jsonl", args.jsonl))
     elif args.json is None or args.json.strip():

@@ -15,7 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from . import outputs
+from . import cli, outputs
 from .cli import UsageError, check_writable, names, nonempty, positive_int, positive_ints  # noqa: F401
 from .progress import Progress
 
@@ -59,12 +59,12 @@ def register(sub):
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", default=None, type=nonempty,
                     help="kernel set to check: legacy, exact or tuned (default: all paths)")
-    ap.add_argument("--paths", default=None, type=names, help="comma-separated path names (default: all)")
+    cli.add_paths_option(ap, help="comma-separated path names (default: all)")
     ap.add_argument("--shapes", default="auto", choices=("auto", "small", "bonsai27b"),
                     help="auto: bonsai27b on a GPU, small on the interpreter")
     ap.add_argument("--allow-slow", action="store_true",
                     help="run --shapes bonsai27b on the interpreter anyway (hours; refused without it)")
-    ap.add_argument("--m", default=None, type=positive_ints, help="comma-separated M values (default: the shape set's)")
+    cli.add_m_option(ap, help="comma-separated M values (default: the shape set's)")
     ap.add_argument("--dtype", default=None, type=names, help="bf16, fp16 or both (default)")
     ap.add_argument("--layout", default=None, type=names, help="raw, prepared or dense (default: each path's)")
     ap.add_argument("--case", action="append", default=[], type=nonempty,
@@ -72,8 +72,8 @@ def register(sub):
                          "bench and selftest all run here")
     ap.add_argument("--reruns", type=positive_int, default=None,
                     help=f"determinism reruns per case (default {RERUNS})")
-    ap.add_argument("--json", default=None,
-                    help="write all results (with provenance, the selection, the self-checks and whether "
+    cli.add_output(ap, "--json",
+                   help="write all results (with provenance, the selection, the self-checks and whether "
                          "the run completed) to this file, rewritten after each case")
     ap.add_argument("--derive-exact", action="store_true",
                     help="test each tuned path's bit-identity to its legacy counterpart (all tuned paths, "
@@ -83,8 +83,8 @@ def register(sub):
                          "which the exact set reads (with --paths: replace only those entries)")
     ap.add_argument("--skip-selfcheck", action="store_true",
                     help="skip the reference self-checks (the --json says so; its --render is not green)")
-    ap.add_argument("--markdown", default=None, help="also write the table as Markdown to this file")
-    ap.add_argument("--html", default=None, help="also write a self-contained HTML report (worst cases first)")
+    cli.add_output(ap, "--markdown", help="also write the table as Markdown to this file")
+    cli.add_output(ap, "--html", help="also write a self-contained HTML report (worst cases first)")
     ap.add_argument("--shard", default=None, type=shard_spec, metavar="I/N",
                     help="run only shard I of N (1-based) of the selected cases, e.g. one GPU each; "
                          "`--render` of all N shards' --json gives the whole table")
@@ -570,8 +570,8 @@ def _selfcheck(args) -> dict:
 
 def run(args) -> int:
     _modes(args)
-    outputs.check([("--json", args.json), ("--markdown", args.markdown), ("--html", args.html)],
-                  [("--render", f) for f in args.render or ()])
+    outputs.check(cli.output_paths(args), [("--render", f) for f in args.render or ()])
+    cli.parse_paths(args.paths)
     if args.render:
         return render(args)
     from . import backend, checks, provenance

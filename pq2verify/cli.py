@@ -86,6 +86,49 @@ def names(s: str) -> list[str]:
     return vals
 
 
+PATHS_HELP = "comma-separated path names (default: every registry path)"
+
+
+def add_paths_option(ap, help: str = PATHS_HELP) -> None:
+    """The one `--paths` of every subcommand: argparse refuses an empty list, an empty item and
+    a name given twice; parse_paths then refuses a name the registry does not hold."""
+    ap.add_argument("--paths", default=None, type=names, help=help)
+
+
+def parse_paths(paths, known=None) -> list[str] | None:
+    """The names of `--paths` checked against the registry (or `known`): None stays None (the
+    default: every path); an unknown name is a UsageError naming the option and the choices.
+    Called before any work, by every subcommand that has --paths."""
+    if paths is None:
+        return None
+    if known is None:
+        from . import registry
+        known = tuple(registry.BY_NAME)
+    bad = [n for n in paths if n not in known]
+    if bad:
+        raise UsageError(f"--paths: unknown {', '.join(map(repr, bad))}; expected one of {', '.join(known)}")
+    return list(paths)
+
+
+def add_m_option(ap, help: str, default=None, type=None, **kw) -> None:
+    """The one `--m`: comma-separated integers >= 1, none twice (`type` may widen it, e.g. to
+    bench's 'none')."""
+    ap.add_argument("--m", default=default, type=type or positive_ints, help=help, **kw)
+
+
+def add_output(ap, option: str, help: str) -> None:
+    """An output-file option; output_paths(args) lists every one a parser declared, for
+    outputs.check before any work."""
+    ap.add_argument(option, default=None, help=help)
+    declared = ap.get_default("_outputs") or ()
+    ap.set_defaults(_outputs=(*declared, option))
+
+
+def output_paths(args) -> list[tuple[str, str | None]]:
+    """(option, path) of each output option the command declared with add_output, in order."""
+    return [(o, getattr(args, o.lstrip("-").replace("-", "_"))) for o in getattr(args, "_outputs", ())]
+
+
 def existing_file(path: str) -> str:
     """argparse type: a path that is a file."""
     if not Path(path).is_file():

@@ -7,8 +7,8 @@ import random
 import sys
 import time
 
-from . import outputs
-from .cli import UsageError, finite_float, names, positive_int
+from . import cli, outputs
+from .cli import UsageError, finite_float, positive_int
 
 FORMAT = "pq2verify-fuzz/1"
 DEFAULT_BUDGET_S = 60.0
@@ -59,8 +59,8 @@ def register(sub):
                     help=f"stop drawing cases once this many seconds are spent (checked between cases; "
                          f"default {DEFAULT_BUDGET_S:g}, or none with --max-cases)")
     ap.add_argument("--max-cases", type=positive_int, default=None, help="stop after this many cases")
-    ap.add_argument("--paths", type=names, default=None, help="comma-separated path names (default: all)")
-    ap.add_argument("--json", default=None, help="write every case's result here, rewritten after each case")
+    cli.add_paths_option(ap, help="comma-separated path names (default: all)")
+    cli.add_output(ap, "--json", help="write every case's result here, rewritten after each case")
     ap.set_defaults(func=main)
 
 
@@ -76,11 +76,8 @@ def replay_line(seed: int, paths, max_cases=None) -> str:
 
 def main(args) -> int:
     from . import backend, cases, fuzz, provenance
-    try:
-        sel = cases.select_paths(args.paths)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    outputs.check([("--json", args.json)])
+    sel = cases.select_paths(cli.parse_paths(args.paths))
+    outputs.check(cli.output_paths(args))
     budget = args.budget_s if args.budget_s is not None else (None if args.max_cases else DEFAULT_BUDGET_S)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
     dev = backend.device()

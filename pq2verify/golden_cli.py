@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import outputs
-from .cli import UsageError, check_writable, names, nonempty
+from . import cli, outputs
+from .cli import UsageError, check_writable, nonempty
 
 
 def register(sub):
@@ -25,7 +25,7 @@ def register(sub):
         p = gs.add_parser(name, help=text)
         p.add_argument("--kernels", default=None, type=nonempty,
                        help="only paths the set can serve: legacy, exact or tuned")
-        p.add_argument("--paths", default=None, type=names, help="comma-separated path names (default: all)")
+        cli.add_paths_option(p, help="comma-separated path names (default: all)")
         p.add_argument("--backend", default="auto", choices=("auto", "interpreter", "cuda"),
                        help="auto: the --device choice; interpreter: the CPU with TRITON_INTERPRET=1")
         p.add_argument("--dir", "--out", dest="dir", default=None, type=nonempty,
@@ -61,7 +61,6 @@ _NOT_WITH_MODEL = (("paths", "--paths"), ("kernels", "--kernels"), ("case", "--c
 
 
 def _check_args(args):
-    from . import registry
     if getattr(args, "allow_missing", False):
         raise UsageError("--allow-missing: refused; a missing capture verifies nothing, and a run that verified "
                          "nothing is a failure, never a skip that exits 0")
@@ -70,9 +69,7 @@ def _check_args(args):
             if getattr(args, attr, None):
                 raise UsageError(f"{opt}: not honoured with --model (a model capture holds every PQ2 projection "
                                  "of the model, verified as a whole)")
-    for n in args.paths or ():
-        if n not in registry.BY_NAME:
-            raise UsageError(f"--paths: unknown path {n!r}; known paths: {', '.join(registry.BY_NAME)}")
+    cli.parse_paths(args.paths)
     if args.kernels is not None:
         from .kernelsets import check_name
         try:

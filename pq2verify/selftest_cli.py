@@ -20,7 +20,7 @@ from .cli import UsageError
 def register(sub):
     ap = sub.add_parser("selftest", help="the suite's own power: which check catches each planted fault, per path",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--paths", default=None, help="comma-separated path names (default: every registry path)")
+    cli.add_paths_option(ap)
     ap.add_argument("--case", default=None, metavar="ID,..",
                     help="the paths whose selftest case has these ids (--list-cases selftest prints them)")
     ap.add_argument("--faults", default=None, help="comma-separated fault names (default: all; --list-faults shows them)")
@@ -63,7 +63,7 @@ def main(args) -> int:
         return 0
     if args.case is not None and args.paths is not None:
         raise UsageError("--case names the paths to run; it does not combine with --paths")
-    paths = _names("--paths", args.paths, tuple(registry.BY_NAME))
+    paths = cli.parse_paths(args.paths)
     paths = _case_paths(args.case) if args.case is not None else paths
     faults = _names("--faults", args.faults, tuple(selftest.BY_NAME))
     outputs.check([("--json", args.json), ("--markdown", args.markdown)])   # before the work, not after it

@@ -393,7 +393,7 @@ def test_cli_unknown_kernel_set(capsys):
 
 def test_cli_unknown_path(capsys):
     assert cli.main(["golden", "verify", "--paths", "nosuch"]) == 2
-    assert "--paths: unknown path 'nosuch'" in capsys.readouterr().err
+    assert "--paths: unknown 'nosuch'" in capsys.readouterr().err
 
 
 def test_cli_bad_choice_is_an_argparse_error(capsys):

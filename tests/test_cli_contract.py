@@ -258,7 +258,7 @@ def test_gsm8k_out_is_checked_before_any_generation(tmp_path, capsys, no_work):
     (["--case", TINY], "it does not take --case"),
     (["--markdown", "d.md"], "it does not take --markdown"),
     (["--paths", "int_gemv"], "--paths: 'int_gemv' is not a tuned path with a legacy counterpart"),
-    (["--paths", "nosuch"], "--paths: 'nosuch' is not a known path"),
+    (["--paths", "nosuch"], "--paths: unknown 'nosuch'"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "msg")
 def test_derive_refuses_filters_it_cannot_honour(argv, names, capsys, monkeypatch):
     def refuse(*a, **k):

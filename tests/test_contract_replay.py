@@ -259,7 +259,7 @@ def no_selftest(monkeypatch):
     (["--faults", ","], "--faults: selects nothing"),
     (["--faults", "ulp,"], "--faults: expected comma-separated names, got 'ulp,'"),
     (["--faults", "ulp,ulp"], "--faults: ulp given twice"),
-    (["--paths", ""], "--paths: selects nothing"),
+    (["--paths", ""], "argument --paths: expected comma-separated names, got ''"),
     (["--paths", "native,"], "--paths: expected comma-separated names"),
     (["--case", ""], "--case: selects nothing"),
     (["--case", "bogus"], "--case: unknown 'bogus'"),
