@@ -160,10 +160,10 @@ def test_the_cli_refuses_graphs_on_the_cpu(tmp_path, capsys, cpu_env):  # noqa: 
     (["--graphs", "--device", "cpu"], "need --device cuda"),
 ])
 def test_forward_cost_refuses_impossible_options(argv, msg, capsys):
-    """tools/forward_cost.py (the graph speed-up's measurement) exits 2 before building a model."""
+    """tools/profile/forward_cost.py (the graph speed-up's measurement) exits 2 before building a model."""
     import importlib.util
     from pathlib import Path
-    tool = Path(__file__).resolve().parent.parent / "tools" / "forward_cost.py"
+    tool = Path(__file__).resolve().parent.parent / "tools" / "profile" / "forward_cost.py"
     spec = importlib.util.spec_from_file_location("forward_cost_tool", tool)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

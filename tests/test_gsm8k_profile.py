@@ -1,4 +1,4 @@
-"""tools/gsm8k_profile.py on the CPU with the tiny model: wall time, phases and a cProfile table."""
+"""tools/profile/gsm8k_profile.py on the CPU with the tiny model: wall time, phases and a cProfile table."""
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 from test_gsm8k_cli import tiny_model  # noqa: F401  (the module-scoped fixture)
 
 pytest.importorskip("transformers")
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "gsm8k_profile.py"
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "profile" / "gsm8k_profile.py"
 
 
 def test_profile_tool_prints_wall_phases_and_profile(tiny_model, tmp_path, device):  # noqa: F811

@@ -73,12 +73,12 @@ def test_twin_serves_where_gluon_cannot():
 def test_gluon_kernel_compiles_to_the_measured_loop():
     """Four int8 MMAs per group, no local memory, and at most 168 registers and 77 KB of shared
     memory: three programs of four warps an SM, the occupancy its H200 numbers were measured at."""
-    cmd = [sys.executable, "tools/sm90.py", "prefill", "--n", "34816", "--k", "5120", "--m", "2048", "--json"]
+    cmd = [sys.executable, "-m", "pq2verify.sm90", "prefill", "--n", "34816", "--k", "5120", "--m", "2048", "--json"]
     env = {**os.environ, "TRITON_INTERPRET": "0"}     # Gluon does not run under the interpreter
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(r.stdout)
-    why = f"{rep}\nreproduce: TRITON_INTERPRET=0 python tools/sm90.py prefill --m 2048"
+    why = f"{rep}\nreproduce: TRITON_INTERPRET=0 python -m pq2verify.sm90 prefill --m 2048"
     assert len(rep["loops"]) == 1 and rep["loops"][0]["ops"].get("IGMMA") == 4, why
     assert rep["local"] == 0, why
     assert rep["registers"] <= 168 and rep["shared"] <= 77 * 1024, why

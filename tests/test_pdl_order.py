@@ -1,8 +1,8 @@
 """Programmatic dependent launch: a PDL-launched kernel may run while the previous kernel of
 the stream still does, so before griddepcontrol.wait it may read only the weights and write
-nothing. pq2verify.ptx checks that in the PTX (certain, where a GPU shows it only when two
+nothing. pq2verify.sm90.ptx checks that in the PTX (certain, where a GPU shows it only when two
 grids happen to overlap): first on small hand-written PTX, then on the real kernels compiled
-for sm_90 by tools/sm90.py (gemv, small_mma, the quantize kernel), once per compiled
+for sm_90 by `python -m pq2verify.sm90 pdl` (gemv, small_mma, the quantize kernel), once per compiled
 specialization of every shape and M that the bench, the GPU check and the GSM8K model run,
 single-split included. The compiles run once per module (a subprocess: the suite's
 interpreter kernels do not compile) and take about 45 s on one core with a cold Triton cache."""
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pq2verify import bench, cases, ptx, registry
+from pq2verify import bench, cases, registry
+from pq2verify.sm90 import ptx
 
 ROOT = Path(__file__).parents[1]
 PARAMS = ["x_ptr", "codes_ptr", "out_ptr", "N"]
@@ -98,7 +99,7 @@ def test_reads_after_the_wait_and_a_missing_wait():
     assert ptx.before_wait(no_wait, "k", PARAMS, {"N"})[-1] == "k: no griddepcontrol.wait"
 
 
-REPRO = "TRITON_INTERPRET=0 .venv/bin/python tools/sm90.py pdl"
+REPRO = "TRITON_INTERPRET=0 .venv/bin/python -m pq2verify.sm90 pdl"
 # The GSM8K model's PQ2 matrices, by hand from SmolLM2-135M's config (hidden 576, intermediate
 # 1536, 9 query and 3 key/value heads of 64): q/k/v stacked (576 + 2 * 192 = 960 rows) and
 # gate/up stacked (2 * 1536); K padded to whole 128-groups (576 -> 640), times the digits.
@@ -106,7 +107,7 @@ MODEL = [(n, d * k) for n, k in ((960, 640), (576, 640), (3072, 640), (576, 1536
 
 
 def _sm90(*args: str) -> list[dict]:
-    cmd = [sys.executable, "tools/sm90.py", "pdl", "--json", *args]
+    cmd = [sys.executable, "-m", "pq2verify.sm90", "pdl", "--json", *args]
     env = {**os.environ, "TRITON_INTERPRET": "0"}      # the interpreter's kernels do not compile
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode in (0, 1) and r.stdout.strip(), f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr[-3000:]}"
@@ -153,7 +154,7 @@ def test_real_pdl_kernels_touch_only_weights_before_the_wait():
     launching = {f"kernels.{f.stem}" for f in (ROOT / "kernels").glob("*.py") if "launch_pdl=" in f.read_text()}
     assert launching <= {x["module"] for x in rep}, (
         f"kernel files launching with PDL but not checked: {sorted(launching - {x['module'] for x in rep})}; "
-        f"add them to tools/sm90.py PDL_PATHS")
+        f"add them to pq2verify/sm90/pdl.py PDL_PATHS")
 
 
 def test_every_pdl_launch_of_the_runs_is_checked():

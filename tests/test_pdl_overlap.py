@@ -304,15 +304,14 @@ def test_the_producer_triggers_first_and_writes_last():
 
 
 PTX_SCRIPT = """
-import json, sys
-sys.path.insert(0, "tools")
-import sm90
+import json
 from pq2verify import overlap
-k, _ = sm90.compile_sm90(overlap._hold_kernel,
+from pq2verify.sm90.compiler import compile_sm90
+k, _ = compile_sm90(overlap._hold_kernel,
     {**{f"s{i}": "*i32" for i in range(4)}, **{f"d{i}": "*i32" for i in range(4)}, "witness_ptr": "*i64"},
     {"n0": 2560, "n1": 20, "n2": 20, "n3": 0, "hold_ns": overlap.HOLD_NS},
     {"MAX_SPIN": overlap.HOLD_MAX_SPIN, "BLOCK": 1024}, 1, 3)
-p, _ = sm90.compile_sm90(overlap._probe_kernel, {"witness_ptr": "*i64", "seen_ptr": "*i64"}, {}, {}, 1, 3)
+p, _ = compile_sm90(overlap._probe_kernel, {"witness_ptr": "*i64", "seen_ptr": "*i64"}, {}, {}, 1, 3)
 print(json.dumps({"hold": k.asm["ptx"], "probe": p.asm["ptx"]}))
 """
 

@@ -1,5 +1,5 @@
 """The resource gate: every config the choosers return for the bonsai27b shapes at the bench's
-and the check's Ms, compiled for sm_90 without a GPU (tools/sm90.py resources), once per
+and the check's Ms, compiled for sm_90 without a GPU (`python -m pq2verify.sm90 resources`), once per
 specialization; none may spill (beyond the closed list of spills recorded when the gate was
 introduced) or run fewer programs per SM than pq2verify/verified/resources-sm90.json records
 (measured on the H200 for small_mma and mmq_wgmma, the compile's baseline elsewhere).
@@ -8,11 +8,10 @@ The occupancy rules are checked against hand-derived values and the H200's measu
 verdict against planted results (a compile result with more registers, a spill, a config not
 recorded); the CLI against planted regressions compiled for real. The compiles run in a
 subprocess (the suite's interpreter kernels do not compile): 310 specializations, 60-90 s of one
-core with a cold Triton cache (the GSM8K model's too with `tools/sm90.py resources --model`,
-not run here); the planted runs after it hit Triton's cache."""
+core with a cold Triton cache (the GSM8K model's too with `python -m pq2verify.sm90 resources
+--model`, not run here); the planted runs after it hit Triton's cache."""
 import functools
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from pq2verify import bench, cases, registry, resources
+from pq2verify import bench, cases, registry
+from pq2verify.sm90 import resources
 
 ROOT = Path(__file__).parents[1]
 REPRO = resources.REPRO
@@ -92,7 +92,7 @@ def test_the_table_records_the_h200_measurements():
     assert "BN=128" in s and "num_warps=4" in s and "bf16 prepared" in s and t[s]["programs"] == 5
     assert all(v["programs"] >= 0 and v["source"].split(":")[0] in ("measured", "baseline") for v in t.values())
     # recorded with --model: the GSM8K model's specializations are there too (this test
-    # compiles only the bonsai27b ones; `tools/sm90.py resources --model` judges both)
+    # compiles only the bonsai27b ones; `python -m pq2verify.sm90 resources --model` judges both)
     assert {r for v in t.values() for r in v["runs"]} == {"bonsai27b", "gsm8k"}
 
 
@@ -125,10 +125,10 @@ def test_a_damaged_table_is_refused(tmp_path):
 
 
 def _sm90(*args: str, code: str | None = None) -> tuple[int, list[dict], str]:
-    """(exit, rows, stderr) of `tools/sm90.py resources --json ARGS`, or of python -c code run
+    """(exit, rows, stderr) of `python -m pq2verify.sm90 resources --json ARGS`, or of python -c code run
     with those arguments in sys.argv (a planted compile result)."""
     argv = ["resources", "--json", *args]
-    cmd = [sys.executable, "tools/sm90.py", *argv] if code is None else [sys.executable, "-c", code, *argv]
+    cmd = [sys.executable, "-m", "pq2verify.sm90", *argv] if code is None else [sys.executable, "-c", code, *argv]
     env = {**os.environ, "TRITON_INTERPRET": "0"}      # the interpreter's kernels do not compile
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode in (0, 1) and r.stdout.strip(), f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr[-3000:]}"
@@ -215,17 +215,15 @@ def test_the_known_spills_are_the_recorded_list():
 
 
 PLANT = """import sys
-sys.path.insert(0, "tools")
-import sm90
-real = sm90.resource_usage
+from pq2verify.sm90 import cli, compiler
+real = compiler.resource_usage
 def more(kern):
     use = real(kern)
     if kern.metadata.name == "_small_mma_kernel":
         use["registers"] += 40      # what a heavier loop body would need
     return use
-sm90.resource_usage = more
-sys.argv = ["sm90.py"] + sys.argv[1:]
-sys.exit(sm90.main())
+compiler.resource_usage = more
+sys.exit(cli.main(sys.argv[1:]))
 """
 
 
@@ -255,15 +253,6 @@ def test_a_planted_spilling_config_fails():
     assert spilled and all("SPILL" in r["verdict"] for r in spilled), [r["verdict"] for r in rows][:3]
 
 
-def _tool():
-    if str(ROOT / "tools") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tools"))
-    spec = importlib.util.spec_from_file_location("sm90_under_test", ROOT / "tools" / "sm90.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("args,why", [
     (["--only", "bogus"], "argument --only"),
     (["--only", ""], "argument --only"),
@@ -278,9 +267,8 @@ def _tool():
 ])
 def test_bad_options_are_usage_errors(monkeypatch, capsys, args, why):
     """Refused before any compile, exit 2, naming the option (in-process: nothing compiles)."""
-    sm90 = _tool()
-    monkeypatch.setattr(sys, "argv", ["sm90.py", "resources", *args])
-    monkeypatch.setattr(sm90, "resources_report", lambda *a, **k: pytest.fail("compiled despite a bad option"))
+    from pq2verify.sm90 import cli, gate
+    monkeypatch.setattr(gate, "resources_report", lambda *a, **k: pytest.fail("compiled despite a bad option"))
     with pytest.raises(SystemExit) as e:
-        sm90.main()
+        cli.main(["resources", *args])
     assert e.value.code == 2 and why in capsys.readouterr().err

@@ -66,7 +66,7 @@ print(json.dumps(out))
 
 
 def _compile(path: str = "-") -> dict[int, str]:
-    """{stages: PTX} of mmq_wgmma's Gluon kernel (or the file at `path`), as tools/sm90.py
+    """{stages: PTX} of mmq_wgmma's Gluon kernel (or the file at `path`), as pq2verify.sm90
     compiles it (a subprocess: the suite's interpreter mode does not compile)."""
     cmd = [sys.executable, "-c", SCRIPT, path, ",".join(map(str, STAGES))]
     r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True,

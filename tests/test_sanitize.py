@@ -1,12 +1,8 @@
-"""tools/sanitize.py's verdicts from compute-sanitizer logs (the tool itself runs on a GPU):
+"""pq2verify.sanitize's verdicts from compute-sanitizer logs (the tool itself runs on a GPU):
 errors are placed by the path markers, a library finding counts only when the library alone
 shows it too, and an error no marker places (or no summary at all) fails."""
-import importlib.util
-from pathlib import Path
+from pq2verify import sanitize as san
 
-spec = importlib.util.spec_from_file_location("sanitize", Path(__file__).parents[1] / "tools" / "sanitize.py")
-san = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(san)
 M = san.MARK
 
 

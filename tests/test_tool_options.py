@@ -1,19 +1,23 @@
-"""The GPU tuning tools and the sm_90 compile tool refuse impossible options with exit 2 and a
-message naming the option, before any GPU or compile work (run here on the CPU)."""
-import importlib.util
+"""The GPU tuning scripts (tools/tune/) and the sm_90 compile (python -m pq2verify.sm90) refuse
+impossible options with exit 2 and a message naming the option, before any GPU or compile work
+(run here on the CPU)."""
+import runpy
 import sys
 from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+TUNE = Path(__file__).resolve().parents[1] / "tools" / "tune"
 
 
-def _main(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_tool", TOOLS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+def _run(tool, argv):
+    """The command line `python tools/tune/<tool>.py ARGV` (or `python -m pq2verify.sm90 ARGV`), run
+    in this process as its __main__."""
+    if tool == "sm90":
+        from pq2verify.sm90 import cli
+        return cli.main(argv)
+    sys.argv = [f"{tool}.py", *argv]
+    runpy.run_path(str(TUNE / f"{tool}.py"), run_name="__main__")
 
 
 @pytest.mark.parametrize("tool,argv,msg", [
@@ -35,11 +39,6 @@ def _main(name):
     ("sm90", ["bogus"], "invalid choice: 'bogus'"),
     ("sm90", ["prefill", "--m", "16"], "argument --m: mmq_wgmma serves M 17+, got 16"),
     ("sm90", ["prefill", "--config", '{"BN": 96}'], "argument --config: mmq_wgmma: config field BN=96"),
-    ("gluon_small_mma", ["compile", "--k", "100"], "argument --k: expected a multiple of 128"),
-    ("gluon_small_mma", ["compile", "--m", "17"], "argument --m: small_mma serves M 1-16"),
-    ("gluon_small_mma", ["compile", "--n", "100"], "needs masked tiles, which the prototype lacks"),
-    ("gluon_small_mma", ["time", "--m", "2,17"], "argument --m: small_mma serves M 1-16"),
-    ("gluon_small_mma", ["time", "--shapes", "bogus"], "unknown shape ['bogus']"),
     ("step_ab", ["--variants", "nope"], "argument --variants: not JSON"),
     ("step_ab", ["--variants", '{"a": {}}', "--no-step"], "argument --no-step: without --shapes nothing would be timed"),
     ("step_ab", ["--variants", '{"a": {}}', "--reps", "-1"], "argument --reps: expected an integer >= 1"),
@@ -51,8 +50,8 @@ def _main(name):
     ("step_ab", ["--variants", '{"a": {}}', "--rounds", "0"], "argument --rounds: expected an integer >= 1"),
 ])
 def test_refuses_impossible_options(tool, argv, msg, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [f"{tool}.py", *argv])
+    monkeypatch.setattr(sys, "argv", list(sys.argv))     # _run sets it; restored after
     with pytest.raises(SystemExit) as e:
-        _main(tool)()
+        _run(tool, argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and msg in err, err

@@ -4,22 +4,19 @@ off), the legacy/tuned M = 1 paths and a pure streaming read of the same bytes, 
 graph of calls on rotated weight copies; then a chained 257-projection step per contestant.
 Prints tables and writes JSON to argv[1] (default sweep.json).
 
-    python tools/decode_sweep.py $OUT/sweep.json
+    python tools/tune/decode_sweep.py $OUT/sweep.json
 """
-import argparse
 import json
-import statistics
-import subprocess
 import sys
 
 import torch
-import triton
-import triton.language as tl
 
 from kernels import gemv
 from pq2verify import inputs, registry
 from pq2verify.bench import plan
 from pq2verify.bench.probe import read_probe
+from pq2verify.bench.sol import read_call
+from pq2verify.bench.sweep import clocks, graph_time, rotated_weights, stream_bw
 
 TILES = [(32, 8, 4), (64, 8, 8), (16, 16, 4), (64, 16, 8)]
 
@@ -37,105 +34,6 @@ def candidates(n, k):
             if -(-groups // per) == split and per >= gc:
                 out.append(dict(BN=bn, GC=gc, groups_per_split=per, SPLIT=split, num_warps=w))
     return out
-
-
-@triton.jit
-def _read_pdl(src, part, n, ITERS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    # the SOL of a PDL-chained projection: loads issued before the wait for the previous grid
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    acc = tl.load(src + offs, mask=offs < n, other=0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    for i in range(1, ITERS):
-        offs = (i * nprog + pid).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        acc += tl.load(src + offs, mask=offs < n, other=0)
-    tl.store(part + pid, tl.sum(acc, axis=0))
-
-
-def read_thunk(buf, pdl, block=4096, iters=8):
-    n = buf.numel()
-    grid = max(1, -(-n // (block * iters)))
-    part = torch.zeros(grid, dtype=torch.int32, device=buf.device)
-    return lambda: _read_pdl[(grid,)](buf, part, n, ITERS=iters, BLOCK=block, PDL=pdl, num_warps=8,
-                                      launch_pdl=pdl)
-
-
-def clocks() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu",
-                               "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "n/a"
-
-
-def capture(thunks):
-    """A CUDA graph of thunks (run once eagerly on a side stream first, as torch asks). The
-    caller keeps the thunks' tensors alive as long as the graph: a replay writes them."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for t in thunks:
-            t()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for t in thunks:
-            t()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
-def replay_s(g, reps: int) -> float:
-    """Seconds of one replay of graph g, the mean over reps back-to-back replays (CUDA events)."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / 1e3 / reps
-
-
-def graph_time(thunks, reps=10, samples=5) -> float:
-    """Median seconds of one pass over thunks, captured in one graph."""
-    g = capture(thunks)
-    out = [replay_s(g, reps) for _ in range(samples)]
-    del g
-    return statistics.median(out)
-
-
-def pq2_shape_names(spec: str) -> list:
-    """argparse type: comma-separated names of the decode step's PQ2 shapes (gate_up, down, ...),
-    refused with the known names otherwise."""
-    known = [nm for nm, sh in plan.step_shapes().items() if not sh.dense]
-    names = [v.strip() for v in spec.split(",") if v.strip()]
-    bad = [v for v in names if v not in known]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown shape {bad or 'none'}; expected names from {', '.join(known)}")
-    return names
-
-
-def stream_bw() -> float:
-    """Bytes/s of a streaming read of a 2 GB buffer (far past L2), printed with the clocks."""
-    buf = torch.randint(-2 ** 31, 2 ** 31 - 1, (2 * 10 ** 9 // 4,), dtype=torch.int32, device="cuda")
-    rd, _ = read_probe(buf)
-    bw = buf.numel() * 4 / graph_time([rd], reps=5)
-    print(f"streaming read {bw / 1e12:.3f} TB/s; clocks {clocks()}", flush=True)
-    return bw
-
-
-def rotated_weights(n: int, k: int) -> tuple[list, int]:
-    """(copies, bytes of one) of prepared N x K weights to time calls on in turn: 2 to 12
-    copies, about 400 MB together, so each call reads its weight from DRAM, not L2."""
-    nbytes = plan.pq2_nbytes(n, k)
-    copies = max(2, min(12, int(400e6 // nbytes) + 1))
-    return [inputs.ternary_weight(n, k, seed=i, device="cuda") for i in range(copies)], nbytes
 
 
 def run_path(name, x, w, out, config=None):
@@ -220,7 +118,7 @@ def main():
                     cnt = torch.zeros(-(-w.n // c["BN"]), dtype=torch.int32, device="cuda")
                     thunks.append(lambda qq=qq, w=w, o=o, c=c: gemv.launch(*qq, w, o, c, pdl=pdl, count=cnt))
             elif kind == "read":
-                thunks.append(read_thunk(w.flat.view(torch.int32), pdl))
+                thunks.append(read_call(w.flat.view(torch.int32), pdl)[0])
             else:
                 thunks.append(run_path(kind, xin, w, o))
             outs.append(o)

@@ -1,31 +1,28 @@
 """Tuning sweep for the M = 2..16 decode path (kernels.small_mma) on a GPU; not part of the suite:
 it picks configs, the bench measures them. For each Bonsai PQ2 shape, every candidate config
-(over the chooser: PDL, SWAP, tile, warps, stages, split-K target), and the previous
-session's kernel, timed at M = 4 and 16 as one CUDA graph of
+(over the chooser: PDL, SWAP, tile, warps, stages, split-K target), and an older
+kernel file (--old), timed at M = 4 and 16 as one CUDA graph of
 calls on rotated weight copies, beside a streaming read of the same bytes; then the chained
 257-projection step at M = 2, 4, 8, 16 with the chooser's configs, the per-shape best, and the
 speed-of-light reads (plain and PDL). Writes JSON as it goes.
 
     git show REV:kernels/small_mma.py > old_small_mma.py
-    python tools/mma_sweep.py $OUT/mma_sweep.json [--old old_small_mma.py] [--shapes gate_up,down] [--m 4,16]
+    python tools/tune/mma_sweep.py $OUT/mma_sweep.json [--old old_small_mma.py] [--shapes gate_up,down] [--m 4,16]
 """
 import argparse
 import json
-import os
-import sys
 import time
 
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import clocks, graph_time, pq2_shape_names, read_thunk, rotated_weights, stream_bw  # noqa: E402  (tools/ is not a package)
-
-from kernels import small_mma, splitk  # noqa: E402
-from pq2verify import inputs, registry  # noqa: E402
-from pq2verify.bench import plan  # noqa: E402
-from pq2verify.bench.probe import read_probe  # noqa: E402
-from pq2verify.cli import existing_file, positive_ints  # noqa: E402
+from kernels import small_mma, splitk
+from pq2verify import inputs, registry
+from pq2verify.bench import plan
+from pq2verify.bench.probe import read_probe
+from pq2verify.bench.sol import read_call
+from pq2verify.bench.sweep import clocks, graph_time, pq2_shape_names, rotated_weights, stream_bw
+from pq2verify.cli import existing_file, positive_ints
 
 # variants over the chooser's config: (label, fields); "split:P" re-cuts split-K for ~P programs
 VARIANTS = [("chooser", {}), ("no PDL", {"PDL": False}), ("UNROLL1", {"UNROLL": 1}), ("stages2", {"num_stages": 2}),
@@ -72,7 +69,7 @@ def old_kernel(path):
     in the same process as the current one; None without --old."""
     if path is None:
         return None
-    from sm90 import load
+    from pq2verify.sm90.compiler import load
     return load(path)
 
 
@@ -176,7 +173,7 @@ def main():
             elif kind == "best" and nm in best:
                 out.append(mma(xin, w, o, best[nm][str(small_mma.m_bucket(m))]))
             elif kind.startswith("read"):
-                out.append(read_thunk(w.flat.view(torch.int32), kind == "read_pdl"))
+                out.append(read_call(w.flat.view(torch.int32), kind == "read_pdl")[0])
             else:
                 raise ValueError(f"{kind}: no config for {nm}")
             prev = o

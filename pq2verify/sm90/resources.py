@@ -1,5 +1,5 @@
 """The resource gate: registers, local memory (spills) and shared memory of every config the
-choosers return, compiled for sm_90 without a GPU (`tools/sm90.py resources` compiles; this
+choosers return, compiled for sm_90 without a GPU (`python -m pq2verify.sm90 resources` compiles; this
 module holds what needs no compiler: the occupancy rules, the recorded table and the verdict,
 so tests/test_resource_gate.py can judge planted results in-process).
 
@@ -36,8 +36,8 @@ from pathlib import Path
 
 SM90 = dict(regs_per_sm=65536, sub_partitions=4, reg_unit=256, warp_size=32, max_warps=64, max_blocks=32,
             smem_per_sm=228 * 1024, smem_per_block=227 * 1024, reserved_smem=1024, smem_unit=128)
-RECORDED = Path(__file__).parent / "verified" / "resources-sm90.json"
-REPRO = "TRITON_INTERPRET=0 .venv/bin/python tools/sm90.py resources"
+RECORDED = Path(__file__).parent.parent / "verified" / "resources-sm90.json"
+REPRO = "TRITON_INTERPRET=0 .venv/bin/python -m pq2verify.sm90 resources"
 
 
 def _up(x: int, unit: int) -> int:
@@ -157,7 +157,7 @@ def source(row: dict) -> tuple[int, str]:
 
 
 KNOWN_SPILL = ("spilled when the gate was introduced (2026-12-01, Triton 3.6.0): kept so the suite stays "
-               "green, reported by `tools/sm90.py resources`; fix the config and drop this entry's spill")
+               "green, reported by `python -m pq2verify.sm90 resources`; fix the config and drop this entry's spill")
 
 
 def record(rows: list[dict]) -> str:
@@ -169,4 +169,4 @@ def record(rows: list[dict]) -> str:
                               num_warps=r["num_warps"], local=r["local"], runs=runs(r["uses"]))
         if r["local"]:
             spec[r["key"]]["known_spill"] = KNOWN_SPILL
-    return json.dumps(dict(arch="sm_90", rules="pq2verify/resources.py", specializations=spec), indent=1) + "\n"
+    return json.dumps(dict(arch="sm_90", rules="pq2verify/sm90/resources.py", specializations=spec), indent=1) + "\n"

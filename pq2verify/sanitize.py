@@ -1,7 +1,7 @@
 """compute-sanitizer over every registry path on small shapes: racecheck, memcheck, initcheck and
 synccheck, with a verdict per (path, tool). GPU only.
 
-  python3 tools/sanitize.py [--paths a,b] [--tools memcheck,racecheck] [--out DIR]
+  python3 -m pq2verify.sanitize [--paths a,b] [--tools memcheck,racecheck] [--out DIR]
 
 Each tool runs one child process (`--child`) under compute-sanitizer; the child calls every
 path at each M it serves (of 1, 2, 16, 17, 33), both layouts, with group dots where the path
@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 SHAPES = {"pq2": (200, 640), "dense": (96, 384)}
 MS = (1, 2, 16, 17, 33)
@@ -105,7 +104,7 @@ def judge(log: str, names, library: dict) -> tuple[dict, bool, str]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pq2verify.sanitize", description=__doc__.splitlines()[0])
     ap.add_argument("--paths", default=None)
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/sanitize"))
@@ -128,7 +127,7 @@ def main():
     for tool in tools:
         # every error printed: one not printed cannot be attributed to its path
         cmd = ["compute-sanitizer", f"--tool={tool}", "--print-limit=1000000",
-               sys.executable, __file__, "--child", "--paths", ",".join(names)]
+               sys.executable, "-m", "pq2verify.sanitize", "--child", "--paths", ",".join(names)]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         log = r.stdout + r.stderr
         (out / f"sanitize-{tool}.log").write_text(log)

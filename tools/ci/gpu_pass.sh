@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
-# one archive (the device tool brings back at most 8 files). Usage: tools/gpu_pass.sh STAGE:SECONDS ...
+# one archive (the device tool brings back at most 8 files). Usage: bash tools/ci/gpu_pass.sh STAGE:SECONDS ...
 # Each stage's exit code and seconds go to r/stages.txt.
 # Stages: benchselftest benchquick gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
 # graph tests benchtests bench gsm8k control model replay sanitize selftest suite race determinism shard.
@@ -10,7 +10,7 @@
 # part a call into /tmp/parts (the last with .whl, the gguf wheel), copy them back into .carry
 # in the last call, each call within the 30 s the machine stays warm.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/gpu}
 R=$OUT/r
 mkdir -p "$R"
@@ -38,13 +38,13 @@ for spec in "$@"; do
         golden) pq2 golden capture && pq2 golden verify ;;
         goldenverify) pq2 golden verify --json "$R/golden-verify.json" ;;
         graph) pyt -m "graph or golden" tests ;;
-        sanitize) timeout "$cap" python3 tools/sanitize.py --out "$R" ;;
+        sanitize) timeout "$cap" python3 -m pq2verify.sanitize --out "$R" ;;
         suite) pyt tests -m "not bench" --ignore=tests/test_paths.py --junitxml "$R/suite.xml" ;;
         # the workflow's first step; WORKERS=N runs it on N pytest-xdist workers (all on this GPU)
         gpusuite) pyt tests -m "not bench" ${WORKERS:+-n $WORKERS} -vv -rfE --tb=line --durations=40 \
                     --junitxml "$R/gpusuite.xml" ;;
         race) pyt tests/test_graphs.py -k "replays_identical or planted or rendezvous or capture_stream" \
-                && ( for i in 1 2 3 4; do python3 tools/gpu_load.py 90 & done; sleep 3
+                && ( for i in 1 2 3 4; do python3 tools/ci/gpu_load.py 90 & done; sleep 3
                      pyt tests/test_graphs.py -k "replays_identical or planted"; rc=$?; kill %1 %2 %3 %4; wait
                      exit $rc ) ;;
         determinism) pyt tests/test_graphs.py -k "100_reruns" ;;   # split-K paths: 100 reruns, 100 replays
@@ -55,7 +55,7 @@ for spec in "$@"; do
             t2=$(date +%s); s 0 1/2 s1 >"$R/s1.log" 2>&1 & s 1 2/2 s2 >"$R/s2.log" 2>&1 & wait
             t3=$(date +%s)
             echo "two shards, cold caches: $((t1 - t0)) s; one GPU: $((t2 - t1)) s; two shards: $((t3 - t2)) s"
-            python3 tools/shard_compare.py "$R/one.json" "$R/s1.json" "$R/s2.json"
+            python3 tools/ci/shard_compare.py "$R/one.json" "$R/s1.json" "$R/s2.json"
             t4=$(date +%s); pyt tests/test_graphs.py >"$R/xdist1.log" 2>&1; t5=$(date +%s)
             pyt -n 2 tests/test_graphs.py >"$R/xdist2.log" 2>&1; t6=$(date +%s)
             echo "pytest tests/test_graphs.py: one GPU $((t5 - t4)) s, -n 2 (one GPU per worker) $((t6 - t5)) s"

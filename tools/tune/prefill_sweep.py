@@ -4,24 +4,20 @@ same shape, each as one CUDA graph of calls on rotated weight copies, paired in 
 int8 Top/s, the fraction of the dense int8 peak and the ratio to cuBLAS. Each path's bits are
 compared with mmq's. Writes JSON as it goes.
 
-    python tools/prefill_sweep.py $OUT/prefill.json [--m 512,2048] [--path mmq_wgmma] [--variants '[{"BM": 64}]']
+    python tools/tune/prefill_sweep.py $OUT/prefill.json [--m 512,2048] [--path mmq_wgmma] [--variants '[{"BM": 64}]']
 """
 import argparse
 import json
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import clocks, graph_time, pq2_shape_names  # noqa: E402  (tools/ is not a package)
-
-from kernels import cublas, mmq  # noqa: E402
-from pq2verify import inputs, registry  # noqa: E402
-from pq2verify.bench import plan  # noqa: E402
-from pq2verify.bench.plan import INT8_PEAK_TOPS  # noqa: E402
-from pq2verify.cli import positive_ints  # noqa: E402
+from kernels import cublas, mmq
+from pq2verify import inputs, registry
+from pq2verify.bench import plan
+from pq2verify.bench.plan import INT8_PEAK_TOPS
+from pq2verify.bench.sweep import clocks, graph_time, pq2_shape_names
+from pq2verify.cli import positive_ints
 
 
 def prefill_path(name: str):

@@ -12,28 +12,24 @@ Each variant's outputs are compared with the first variant's bit for bit (a vari
 changes scheduling, e.g. num_stages, must give the same bits). Ratios are per round, against
 the first variant: median [min-max]. Writes JSON as it goes.
 
-    python tools/step_ab.py $OUT/ab.json --m 1,2,16 --shapes gate_up,out --sol \
+    python tools/tune/step_ab.py $OUT/ab.json --m 1,2,16 --shapes gate_up,out --sol \
         --variants '{"chooser": {}, "stages4": {"num_stages": 4}}'
 """
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from decode_sweep import capture, clocks, pq2_shape_names, replay_s, rotated_weights, stream_bw  # noqa: E402  (tools/ is not a package)
-
-from kernels import gemv, small_mma  # noqa: E402
-from pq2verify import inputs  # noqa: E402
-from pq2verify.bench import plan  # noqa: E402
-from pq2verify.bench.contestants import scaled_clone, weight_bytes  # noqa: E402
-from pq2verify.bench.step import exponents, gain_log2  # noqa: E402
-from pq2verify.bench.sol import read_call  # noqa: E402
-from pq2verify.cli import positive_int, positive_ints  # noqa: E402
+from kernels import gemv, small_mma
+from pq2verify import inputs
+from pq2verify.bench import plan
+from pq2verify.bench.contestants import scaled_clone, weight_bytes
+from pq2verify.bench.sol import read_call
+from pq2verify.bench.step import exponents, gain_log2
+from pq2verify.bench.sweep import capture, clocks, pq2_shape_names, replay_s, rotated_weights, stream_bw
+from pq2verify.cli import positive_int, positive_ints
 
 
 def path_of(m):

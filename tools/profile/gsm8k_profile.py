@@ -1,9 +1,9 @@
 """Profile a small GSM8K A/B in one command: its wall time, each run's seconds per phase and a
 cProfile top-N (cumulative).
 
-    python tools/gsm8k_profile.py                        # on the GPU: --device cuda --limit 8
-    python tools/gsm8k_profile.py --device cpu --limit 2 --max-new-tokens 16
-    python tools/gsm8k_profile.py --jobs 3               # the GPU default: B and F in worker processes
+    python tools/profile/gsm8k_profile.py                        # on the GPU: --device cuda --limit 8
+    python tools/profile/gsm8k_profile.py --device cpu --limit 2 --max-new-tokens 16
+    python tools/profile/gsm8k_profile.py --jobs 3               # the GPU default: B and F in worker processes
 
 Extra arguments go to `pq2verify gsm8k` (e.g. --no-floor, --batch-size 8). The run goes to a new
 directory (--out, default a temporary one), so nothing is resumed. Phases are timed with the GPU
@@ -24,9 +24,6 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -44,10 +41,9 @@ def main(argv=None) -> int:
     prof, run_dir = out / "gsm8k.prof", out / "run"
     argv = ["--device", args.device, "gsm8k", "--a", "legacy", "--b", "tuned", "--limit", str(args.limit),
             "--jobs", str(args.jobs), "--out", str(run_dir), *extra]
-    again = "python tools/gsm8k_profile.py " + " ".join(given)
+    again = "python tools/profile/gsm8k_profile.py " + " ".join(given)
     print("+ pq2verify " + " ".join(argv), file=sys.stderr)
     os.environ["PQ2VERIFY_PHASE_SYNC"] = "1"
-    sys.path.insert(0, str(ROOT))
     from pq2verify import cli                  # imported here: its import time is in the profile's wall
     profiler = cProfile.Profile()
     with open(out / "stdout.md", "w") as log, contextlib.redirect_stdout(log):    # the report's Markdown

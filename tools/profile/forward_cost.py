@@ -3,7 +3,7 @@
 set and M, against the same model with BF16 nn.Linear; and the cost of the PQ2 calls alone.
 No checkpoint needed (the GPU machine cannot download one). Tuning aid, not a gate.
 
-    python tools/forward_cost.py [--device cuda] [--steps 20] [--m 16,8,4,2,1] [--graphs] [--profile]
+    python tools/profile/forward_cost.py [--device cuda] [--steps 20] [--m 16,8,4,2,1] [--graphs] [--profile]
 
 --graphs adds each kernel set's forward with its decode calls replayed from CUDA graphs
 (pq2verify/gsm8k/graphs.py, what `gsm8k` does on CUDA).
@@ -14,12 +14,10 @@ import os
 import pstats
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pq2verify.cli import positive_int, positive_ints  # noqa: E402
+from pq2verify.cli import positive_int, positive_ints
 
 
 def build(device):

@@ -10,7 +10,7 @@ process, classified by what a user would see:
   MISLEADING  refused, but the message names none of the words the probe expects
   TIMEOUT     still running after the cap (the input was not refused before the work)
 
-Usage: .venv/bin/python tools/probe_bad_input.py [--markdown F] [--jobs N] [--only WORD]
+Usage: .venv/bin/python tools/ci/probe_bad_input.py [--markdown F] [--jobs N] [--only WORD]
 Exit 1 if any probe is SILENT, TRACEBACK, LOST, MISLEADING or TIMEOUT."""
 import argparse
 import concurrent.futures as cf
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 CAP_S = 90
 BAD = ("SILENT", "TRACEBACK", "LOST", "MISLEADING", "TIMEOUT")

@@ -5,24 +5,18 @@ greedy generation twice per configuration on the same prompts, every step's top-
 Configurations: the PQ2 runner (legacy set), the same model with plain bf16 linears, and the
 PQ2 runner with SDPA forced to the math backend. Then a profile of one PQ2 batch.
 
-    python tools/model_determinism.py [--device cuda] [--steps 64] [--batches 2]
+    python tools/profile/model_determinism.py [--device cuda] [--steps 64] [--batches 2]
 """
 import argparse
 import contextlib
 import cProfile
 import os
 import pstats
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-CONFIG = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-              num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
-              rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+from pq2verify.gsm8k.architecture import SMOLLM2_135M as CONFIG
 
 
 class Tok:
