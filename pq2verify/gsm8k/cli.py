@@ -25,7 +25,7 @@ Runs in one process (the CPU default, --jobs 1) go batch by batch and copy each 
 prefills wherever their paths and fold order at that M are the same (bit for bit what they
 would compute; the copied calls still count in their traces). The report gives each run's
 seconds per phase (prefix, prefill, decode, teacher:<run>, host) and the wall time;
-tools/gsm8k_profile.py adds a cProfile of a small run.
+tools/profile/gsm8k_profile.py adds a cProfile of a small run.
 
 Defaults, chosen so that the CPU A/B of 128 questions fits the 20-minute budget: 2 few-shot
 examples (train ids 0, 1), at most 128 new tokens, batch 16. M per call: the shared few-shot

@@ -54,6 +54,7 @@ def call_costs(device, reps=200):
     """Per PQ2 call at the model's shapes: µs issued back to back (what the host spends), µs with a
     sync after each call, and µs per call replayed from a CUDA graph (what the GPU spends)."""
     import importlib
+    from pq2verify.bench.timing import GraphTimer
     from pq2verify.inputs import ternary_weight
     shapes = [(960, 2560), (576, 2560), (3072, 2560), (576, 6144)]
     print("path       M  shape        issue µs  sync µs  graph µs")
@@ -80,19 +81,10 @@ def call_costs(device, reps=200):
                 call()
                 torch.cuda.synchronize()
             sync = (time.perf_counter() - t0) / reps
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s):
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=s):
-                    for _ in range(50):
-                        call()
-            g.replay()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(4):
-                g.replay()
-            torch.cuda.synchronize()
-            graph = (time.perf_counter() - t0) / 200
+            timer = GraphTimer([call] * 50, per=50)     # the bench's graph timer, host clock
+            timer.replay_sync()
+            graph = timer.wall(4) / 1e6
+            timer.close()
             print(f"{label:10s} {m:2d} {n}x{k:<6d} {issue * 1e6:8.1f} {sync * 1e6:8.1f} {graph * 1e6:8.1f}")
 
 
