@@ -1,6 +1,7 @@
 """mmq_wgmma: its Gluon kernel (sm_90) and its plain-Triton twin (the interpreter's, and any other
 GPU's) compute the same bits, so the CPU suite's checks of the twin speak for the kernel; and the
-kernel still compiles, with the pinned Triton, to the loop results/h200/s9 measured."""
+kernel still compiles, with the pinned Triton, to the loop measured in
+results/2026-12-01-prefill-mmq-wgmma/."""
 import json
 import os
 import subprocess

@@ -1,7 +1,8 @@
 """`pq2verify replay` on a tiny stand-in model captured here (golden capture --model's own code,
 no downloads): legacy vs tuned passes, the fold-order control passes, every planted fault fails
 with a repro line that fails again, and bad input is a usage error. The committed capture of the
-real model is replayed by `pq2verify replay` itself (results/cpu/replay-faults.md)."""
+real model is replayed by `pq2verify replay` itself
+(results/2026-11-30-replay-separation/replay-faults.md)."""
 import importlib.util
 import json
 import os

@@ -32,12 +32,15 @@ KB = 1024
 # warps per sub-partition floor(16384 / that), four sub-partitions; a block's shared memory its
 # dynamic bytes plus the 1 KB reserved, rounded to 128, into 228 KB.
 HAND = [
-    # 91 * 32 = 2912 -> 3072; 16384 // 3072 = 5; 20 warps // 4 = 5 (ncu: theoretical 31%, s7)
+    # 91 * 32 = 2912 -> 3072; 16384 // 3072 = 5; 20 warps // 4 = 5
+    # (ncu: theoretical 31%, results/2026-12-01-decode-small-mma-body/)
     ((91, 8 * KB, 4, KB), (5, "registers")),
-    # 134 * 32 = 4288 -> 4352; 16384 // 4352 = 3; 12 // 4 = 3 (s8: down and out, 3 blocks)
+    # 134 * 32 = 4288 -> 4352; 16384 // 4352 = 3; 12 // 4 = 3
+    # (results/2026-12-01-decode-targets/: down and out, 3 blocks)
     ((134, 8 * KB, 4, KB), (3, "registers")),
     # 164 * 32 = 5248 -> 5376; 3 a sub-partition, 12 // 4 = 3; shared 75808 + 1024 = 76832,
-    # 233472 // 76832 = 3 (s9: 3 programs per SM, both limits)
+    # 233472 // 76832 = 3 (results/2026-12-01-prefill-mmq-wgmma/: 3 programs per SM, both
+    # limits)
     ((164, 75808, 4, KB), (3, "registers")),
     # 255 * 32 = 8160 -> 8192; 2 a sub-partition, 8 warps // 8 = 1
     ((255, 8 * KB, 8, KB), (1, "registers")),
@@ -84,8 +87,9 @@ def _measured(kernel: str) -> str:
 
 
 def test_the_table_records_the_h200_measurements():
-    """The READMEs' measured occupancies (results/h200/s9: mmq_wgmma 3 programs per SM at
-    gate_up M = 2048; s7: small_mma 5 blocks of 4 warps at gate_up M = 16) are the floors."""
+    """The measured occupancies are the floors: mmq_wgmma 3 programs per SM at gate_up M = 2048
+    (results/2026-12-01-prefill-mmq-wgmma/), small_mma 5 blocks of 4 warps at gate_up M = 16
+    (results/2026-12-01-decode-small-mma-body/)."""
     t = _table()
     w, s = _measured("mmq_wgmma"), _measured("small_mma")
     assert w.startswith("mmq_wgmma BM=128 BN=64 num_stages=4 num_warps=4 | bf16 prepared") and t[w]["programs"] == 3

@@ -1,7 +1,7 @@
 """small_mma's issue budget, checked without a GPU: its main loop compiled for sm_90
 (`python -m pq2verify.sm90 loop`: Triton's compiler and bundled cuobjdump, the JIT's int specialization)
 must stay within 0.25 warp-instructions per weight byte on shapes that decide the decode step
-(a decode call is issue-bound: ~0.23 at 4.6 TB/s). The sixth session's byte-wise plane
+(a decode call is issue-bound: ~0.23 at 4.6 TB/s). The earlier byte-wise plane
 extraction compiled to 0.50 (`python -m pq2verify.sm90 loop --module <that file>`)."""
 import json
 import os

@@ -440,7 +440,8 @@ def process_threads(device: str, jobs: int, runs: int, threads: int | None, core
     """CPU threads for each process of a GPU run with worker processes: its share of the cores
     (None: leave torch's default, or the --threads given). OpenMP pools of three processes
     spinning on the same cores stalled a worker's 1-2 s weight conversion for 140 s on the
-    H200's 16-core host and halved run A's host-bound decode rate (results/h200/s6)."""
+    H200's 16-core host and halved run A's host-bound decode rate
+    (results/2026-11-30-gsm8k-noise-floor/)."""
     procs = min(jobs, runs)
     if device != "cuda" or threads is not None or procs < 2:
         return None

@@ -2,7 +2,7 @@
 host: one graph per (stack, M, fold order, kernel switches), captured on the key's second use
 and replayed from then on. A replayed call costs the host a copy in, a replay and a copy out,
 instead of 2-3 Triton launches and the wrapper's Python (82-210 us a call on the H200's host
-against 7-37 us of GPU time: results/h200/s5/call-cost.txt).
+against 7-37 us of GPU time: results/2026-11-30-gsm8k-noise-floor/call-cost.txt).
 
 What a replay computes is what the eager call computes: the graph holds the very launches of
 an eager call at that key (the path is resolved from the same switches, the configuration

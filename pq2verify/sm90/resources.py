@@ -17,8 +17,9 @@ capability 9.0), programs (thread blocks) resident per SM, the least of:
   carveout, 233472 bytes) hold floor(228 KB / that); 0 above 227 KB (232448 bytes) of static
   and dynamic without the reserved 1 KB, the most one block may use.
 Checked against measurements: small_mma at 91 registers gives 5 programs of 4 warps (ncu's
-theoretical 31%, results/h200/s7/README.md), at 134 registers 3 (results/h200/s8/README.md);
-mmq_wgmma at 164 registers and 75.8 KB (ncu's decimal KB) gives 3 (results/h200/s9/README.md).
+theoretical 31%, results/2026-12-01-decode-small-mma-body/README.md), at 134 registers 3
+(results/2026-12-01-decode-targets/README.md); mmq_wgmma at 164 registers and 75.8 KB (ncu's
+decimal KB) gives 3 (results/2026-12-01-prefill-mmq-wgmma/README.md).
 That last one also shows the cubin's 1 KB is the reserved one, counted once: its 75808 dynamic
 bytes plus 2 KB would fit only 2 programs in 228 KB.
 
@@ -140,10 +141,10 @@ def stale(rows: list[dict], recorded: dict, model: bool = False) -> list[str]:
 # should); the rest of the table is the compile's baseline.
 MEASURED = [
     ("mmq_wgmma", "34816x5120 M=2048 bf16 prepared", 3,
-     "measured: ncu, gate_up M=2048, 3 programs per SM at 164 registers and 75.8 KB (results/h200/s9/README.md)"),
+     "measured: ncu, gate_up M=2048, 3 programs per SM at 164 registers and 75.8 KB (results/2026-12-01-prefill-mmq-wgmma/README.md)"),
     ("small_mma", "34816x5120 M=16 bf16 prepared", 5,
      "measured: ncu, gate_up M=16, theoretical 31% = 5 blocks of 4 warps at 91 registers "
-     "(results/h200/s7/README.md)"),
+     "(results/2026-12-01-decode-small-mma-body/README.md)"),
 ]
 
 

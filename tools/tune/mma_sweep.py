@@ -26,7 +26,7 @@ from pq2verify.cli import existing_file, positive_ints
 
 # variants over the chooser's config: (label, fields); "split:P" re-cuts split-K for ~P programs
 VARIANTS = [("chooser", {}), ("no PDL", {"PDL": False}), ("UNROLL1", {"UNROLL": 1}), ("stages2", {"num_stages": 2}),
-            ("stages4", {"num_stages": 4}), ("split:264", {}), ("split:528", {}), ("s6 split", {})]
+            ("stages4", {"num_stages": 4}), ("split:264", {}), ("split:528", {}), ("old split", {})]
 
 
 def split_for(n, k, bn, progs):
@@ -46,7 +46,7 @@ def variant(n, k, m, fields, lab):
     c = {**small_mma.config(n, k, m), **fields}
     if "split:" in lab:
         c["groups_per_split"], c["SPLIT"] = split_for(n, k, c["BN"], int(lab.split("split:")[1]))
-    if lab == "s6 split":   # the sixth session's rule: ~1024 programs, no cap on partial bytes
+    if lab == "old split":   # the rule before the cap: ~1024 programs, no cap on partial bytes
         groups, want = k // 128, 1
         while triton.cdiv(n, c["BN"]) * want < 1024 and groups // (2 * want) >= 4:
             want *= 2
