@@ -164,7 +164,7 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
         bn, gc, split, warps = min(128, max(8, triton.next_power_of_2(n))), 2, 2 if groups >= 4 else 1, 4
     else:
         # Measured on the H200 (tools/decode_sweep.py, CUDA graphs, weights rotated past L2;
-        # results/h200/s4): 4-8 warps whose warp instructions each read whole 128-byte row
+        # results/2026-11-30-decode-gemv/): 4-8 warps whose warp instructions each read whole 128-byte row
         # lines; rows beyond 4 * num_warps repeat in a thread and reuse its activation words;
         # GC = 16 (512 bytes a row a chunk) pays at 14-16K rows and on the 17408-deep down
         # projection, GC = 8 elsewhere; the 5120-row shapes need split-K for enough programs.

@@ -94,7 +94,7 @@ def _config(n: int, k: int, m_bucket: int, interpret: bool):
     # measured on the H200 (M = 512, 4096): 64 x 128 tiles, 4 warps beat 128 x 128 tiles. With
     # the packed planes (common.code_plane) the swapped operand order (weights as the MMA's A
     # operand) is 1.07-1.25x mmq on the large Bonsai shapes, but slower than unswapped on out
-    # (5120 x 6144) at M = 2048 (results/h200/s7/prefill-swap.log)
+    # (5120 x 6144) at M = 2048 (results/2026-12-01-prefill-mmq-planes/prefill-swap.log)
     return dict(BM=64 if m_bucket >= 64 else 32, BN=128, SWAP=n * k >= 2 ** 26, num_warps=4, num_stages=3)
 
 

@@ -7,7 +7,7 @@ stages the code bytes, the activations and their group scales in an S-deep ring.
 Per group the MMA gives mmq's integer dot exactly (int32); the fold is common.scale_accumulate's
 expression, acc + dot*xs*ws, groups ascending from 0.0: mmq's FP32 order.
 
-Measured on the H200 and dropped (results/h200/s9): unsigned codes minus the group sum per dot
+Measured on the H200 and dropped (results/2026-12-01-prefill-mmq-wgmma/): unsigned codes minus the group sum per dot
 (0.80x of signed codes in the registers); the int32 -> fp32 conversion by adding 0x4B400000 and
 subtracting 1.5*2^23 (0.94x); the MMA of one half of the tokens overlapped with the fold of the
 other half (0.78-0.87x: more registers, two programs an SM instead of three); one CTA-wide sync
@@ -156,7 +156,7 @@ def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
 
 
 def _config(m):
-    # H200, M = 2048, the six Bonsai shapes (results/h200/s9): BN 64 (three programs an SM)
+    # H200, M = 2048, the six Bonsai shapes (results/2026-12-01-prefill-mmq-wgmma/): BN 64 (three programs an SM)
     # beat BN 128 by 1.2-1.3x and BM 64 by 1.2x; 2, 3 and 4 stages were within 1%.
     return dict(BM=64 if m <= 64 else 128, BN=64, num_stages=4)
 

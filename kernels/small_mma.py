@@ -10,8 +10,8 @@ is exactly int_gemv's sum (c-1)*q (the unsigned-codes trick, SPEC §4).
 Instructions per weight byte decide its speed (a decode call is issue-bound, not DRAM-bound):
 on CUDA a plane is one 32-bit shift and AND per four code bytes (common.code_plane; Triton's
 own byte ops took about three instructions a byte), and the MMA accumulator starts at -t[m, g]
-so no per-element subtraction follows. On the H200 (results/h200/s7) the body alone gave the
-sixth session's bits 1.3-2.2x faster per shape; with the split-K cap below, the chained M = 16
+so no per-element subtraction follows. On the H200 (results/2026-12-01-decode-small-mma-body/) the body alone gave the
+old body's bits 1.3-2.2x faster per shape; with the split-K cap below, the chained M = 16
 decode step went from 9.35 to 5.93 ms (the bench's 305 calls), 25% of the floor.
 
 Launch (CUDA, PDL in the config): the quantize kernel and this one are launched with
@@ -196,7 +196,7 @@ def _config(m_bucket: int, n: int, k: int, interpret: bool):
     want = 1
     # ~1000 programs; but once there are two per SM, the partials at M = 16 (SPLIT*16*N*4 bytes
     # written, then read back) stay within ~40% of the N*K/4 weight bytes: on the H200, down
-    # (K = 17408) took 20.9 us at M = 16 with 8 splits against 27.3 with 28 (results/h200/s7)
+    # (K = 17408) took 20.9 us at M = 16 with 8 splits against 27.3 with 28 (results/2026-12-01-decode-small-mma-body/)
     while (tiles_n * want < 1024 and groups // (2 * want) >= 4
            and (tiles_n * want < 264 or 2 * want * 16 * 32 <= 0.4 * k)):
         want *= 2
@@ -206,7 +206,7 @@ def _config(m_bucket: int, n: int, k: int, interpret: bool):
     if 2 * div >= per:
         per, split = div, groups // div
     # UNROLL = 2 compiles to 13% fewer instructions a byte but ran slower on the H200 (gate_up
-    # at M = 16: 36.7 us against 33.9; 98 registers against 91; results/h200/s7 run 8)
+    # at M = 16: 36.7 us against 33.9; 98 registers against 91; results/2026-12-01-decode-small-mma-body/, run 8)
     return dict(BN=bn, groups_per_split=per, SPLIT=split, SWAP=False, UNROLL=unroll, PDL=True,
                 num_warps=4, num_stages=3)
 
