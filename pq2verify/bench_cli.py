@@ -144,7 +144,8 @@ def _selftest(args, console) -> int:
 def run(args) -> int:
     from rich.console import Console
 
-    from . import backend, bench, bench_report, outputs
+    from . import backend, bench, outputs
+    from .bench import report as bench_report
     if args.selftest:
         for opt, v in (("--baseline", args.baseline), ("--resume", args.resume or None), ("--report", args.report),
                        ("--html", args.html)):
@@ -234,7 +235,8 @@ def _report_items(res: dict, args) -> list:
     """The Markdown report (its plot beside it) and the HTML page, as write_all items."""
     import tempfile
 
-    from . import bench_report, html_report as h
+    from .bench import report as bench_report
+    from .report import html as h
     with tempfile.TemporaryDirectory() as tmp:
         png = Path(tmp) / "bench.png"
         note = bench_report.plot(res, png)

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from . import cli, outputs
 from .cli import UsageError, check_writable, names, nonempty, positive_int, positive_ints  # noqa: F401
-from .progress import Progress
+from .report.progress import Progress
 
 FORMAT = "pq2verify-check/2"
 RERUNS = 5
@@ -125,9 +125,79 @@ def worst_first(results: list[dict]) -> list[dict]:
     return sorted(results, key=lambda r: (r["ok"], -closeness(r)))
 
 
-def html(results: list[dict], prov: list[dict], note: str = "", problems=()) -> str:
-    """problems: why these results are not one complete run (then the verdict is not green)."""
-    from . import html_report as h
+def _failed(r: dict) -> list[str]:
+    """The names of the checks a result row failed (its 'failed' list; rows of older files: from
+    its fields)."""
+    if r.get("failed") is not None:
+        return list(dict.fromkeys(r["failed"]))
+    out = [n for n, k in (("rms quantized", "rel_rms_quantized"), ("rms dense", "rel_rms_dense"))
+           if r.get(k) is not None and r.get(k.replace("rel_rms", "tol")) is not None
+           and not r[k] <= r[k.replace("rel_rms", "tol")]]
+    out += ["per-element"] if r.get("elem_ratio") is not None and not r["elem_ratio"] <= 1.0 else []
+    out += [n for n, k in (("dots", "dots_exact"), ("exactness claim", "claim_held"), ("determinism", "deterministic"),
+                           ("written", "written"), ("guard band", "guards_intact"),
+                           ("batch invariance", "batch_invariant"), ("nan propagation", "nan_exact"))
+            if r.get(k) is False]
+    return out or (["error"] if not r["ok"] else [])
+
+
+# each result field, the check it belongs to: a failed check highlights its own figure
+_FIELD_CHECK = {"rel_rms_quantized": "rms quantized", "rel_rms_dense": "rms dense", "elem_ratio": "per-element",
+                "max_ulp": "per-element", "dots_exact": "dots", "claim_held": "exactness claim",
+                "deterministic": "determinism", "written": "written", "guards_intact": "guard band",
+                "batch_invariant": "batch invariance", "nan_exact": "nan propagation"}
+
+
+def case_table(results: list[dict], maps: dict | None = None):
+    """The per-case table model (report.table) of to_json() rows: the figure of each failed check
+    highlighted, the checks that failed named, the repro command in its own cell."""
+    from .report.table import Cell, Table, code
+    maps = maps or {}
+    cols = ("verdict", "path", "shape", "M", "dtype", "layout", "input", "relRMS q (tol)", "relRMS d (tol)",
+            "elem/bound", "max ulp", "dots", "claim", "determ.", "written", "guards", "batch", "NaN",
+            "failed checks", "reproduce") + (("error map",) if maps else ())
+    t = Table(cols, title="cases, worst first")
+    for r in worst_first(results):
+        bad = set(_failed(r))
+
+        def c(key, text):
+            return Cell(text, bad=_FIELD_CHECK[key] in bad)
+
+        def f(key, tol=None):
+            v = r.get(key)
+            return c(key, "-" if v is None else (f"{v:.2e}" if tol is None else f"{v:.2e} ({r.get(tol):.0e})"))
+
+        def b(key):
+            v = r.get(key)
+            return c(key, "-" if v is None else ("yes" if v else "NO"))
+        claim = "-" if r.get("claim_held") is None else f"{r['claim']}: {'yes' if r['claim_held'] else 'NO'}"
+        er = r.get("elem_ratio")
+        t.add(Cell("PASS" if r["ok"] else "FAIL", bad=not r["ok"]), r["path"], f"{r['shape']} {r['n']}x{r['k']}",
+              r["m"], r["dtype"], r["layout"], r["kind"] + (" strided" if r["strided"] else ""),
+              f("rel_rms_quantized", "tol_quantized"), f("rel_rms_dense", "tol_dense"),
+              c("elem_ratio", "-" if er is None else f"{er:.3f}"), c("max_ulp", str(r.get("max_ulp", "-") if
+                                                                         r.get("max_ulp") is not None else "-")),
+              b("dots_exact"), c("claim_held", claim), b("deterministic"), b("written"), b("guards_intact"),
+              b("batch_invariant"), b("nan_exact"), Cell(", ".join(sorted(bad)), bad=bool(bad)), code(r["repro"]),
+              *((maps.get(r["case"], ""),) if maps else ()), status="" if r["ok"] else "fail")
+    return t
+
+
+def failure_lines(results: list[dict]) -> list[str]:
+    """Each failed case: its id, what failed (the engine's messages), and the command, alone on
+    its line, that reruns it."""
+    out = []
+    for r in results:
+        if not r["ok"]:
+            out += [f"- **{r['case']}** ({', '.join(_failed(r))}): " + "; ".join(r["failures"]), "",
+                    "  ```", f"  {r['repro']}", "  ```", ""]
+    return out
+
+
+def html(results: list[dict], prov: list[dict], note: str = "", problems=(), maps: dict | None = None) -> str:
+    """problems: why these results are not one complete run (then the verdict is not green);
+    maps: case id -> PNG path of its error map, shown inline."""
+    from .report import html as h
     n_ok = sum(r["ok"] for r in results)
     body = [h.meta(p) for p in prov]
     body.append(h.verdict(n_ok == len(results) and not problems, f"{n_ok} of {len(results)} cases passed"
@@ -137,36 +207,29 @@ def html(results: list[dict], prov: list[dict], note: str = "", problems=()) -> 
     if note:
         body.append(f"<p>{h.esc(note)}</p>")
     body.append("<h2>Per path</h2>")
-    head, *rows = [line.strip("|").split("|") for line in summary(results) if not line.startswith("|---")]
-    body.append(h.table([c.strip() for c in head], [[c.strip() for c in r] for r in rows]))
+    body.append(path_table(results).html())
+    bad = [r for r in worst_first(results) if not r["ok"]]
+    if bad:
+        body.append("<h2>Failures</h2>")
+        for r in bad:
+            body.append(f"<p><b>{h.esc(r['case'])}</b> ({h.esc(', '.join(_failed(r)))}): "
+                        f"{h.esc('; '.join(r['failures']))}</p>" + h.pre(r["repro"]))
+            png = (maps or {}).get(r["case"])
+            if png:
+                with open(png, "rb") as fh:
+                    body.append(h.image(fh.read(), f"error map of {r['case']}"))
     body.append("<h2>Cases, worst first</h2>")
-    cols = ("verdict", "case", "relRMS q (tol)", "relRMS d (tol)", "elem/bound", "max ulp", "dots", "claim",
-            "determ.", "written", "guards", "batch", "NaN", "failures / reproduce")
-
-    def f(v, t=None):
-        return "-" if v is None else (f"{v:.2e}" if t is None else f"{v:.2e} ({t:.0e})")
-
-    def b(v):
-        return "-" if v is None else ("yes" if v else "NO")
-    rows, cls = [], []
-    for r in worst_first(results):
-        claim = "-" if r["claim_held"] is None else f"{r['claim']}: {b(r['claim_held'])}"
-        rows.append(["PASS" if r["ok"] else "FAIL", r["case"], f(r["rel_rms_quantized"], r["tol_quantized"]),
-                     f(r["rel_rms_dense"], r["tol_dense"]), f(r.get("elem_ratio")), r.get("max_ulp", "-"),
-                     b(r["dots_exact"]), claim, b(r["deterministic"]), b(r["written"]), b(r.get("guards_intact")),
-                     b(r.get("batch_invariant")), b(r.get("nan_exact")),
-                     "" if r["ok"] else "; ".join(r["failures"]) + " | " + r["repro"]])
-        cls.append("" if r["ok"] else "fail")
-    body.append(h.table(list(cols), rows, cls))
+    body.append(case_table(results).html())
     return h.page("pq2verify check", body)
 
 
 INCOMPLETE = "Not a complete result (check --render exits 1):"
 
 
-def markdown(results: list[dict], prov: list[dict], note: str = "", problems=()) -> str:
-    """A per-path summary and the results table from to_json() rows, with the provenance of
-    each run they came from; problems: why they are not one complete run."""
+def markdown(results: list[dict], prov: list[dict], note: str = "", problems=(), maps: dict | None = None) -> str:
+    """A per-path summary, the failures with their repro commands, and the results table from
+    to_json() rows, with the provenance of each run they came from; problems: why they are not
+    one complete run; maps: case id -> file name of its error map (beside the Markdown)."""
     lines = ["# pq2verify check", ""]
     from . import provenance
     for p in prov:
@@ -176,52 +239,47 @@ def markdown(results: list[dict], prov: list[dict], note: str = "", problems=())
     if problems:
         lines += ["", f"**{INCOMPLETE}**", ""] + [f"- {p}" for p in problems]
     lines += ([note] if note else []) + [""]
-    lines += summary(results) + ["",
-              "| path | shape | M | dtype | layout | input | relRMS quantized (tol) | relRMS dense (tol) "
-              "| elem/bound | max ulp | dots exact | claim | deterministic | written | guards | batch | NaN "
-              "| verdict |", "|" + "---|" * 18]
-
-    def f(v, t):
-        return "-" if v is None else f"{v:.2e} ({t:.0e})"
-
-    def b(v):
-        return "-" if v is None else ("yes" if v else "**NO**")
-    for r in results:
-        claim = "-" if r["claim_held"] is None else f"{r['claim']}: {b(r['claim_held'])}"
-        lines.append(f"| {r['path']} | {r['shape']} {r['n']}x{r['k']} | {r['m']} | {r['dtype']} | {r['layout']} "
-                     f"| {r['kind']}{' strided' if r['strided'] else ''} "
-                     f"| {f(r['rel_rms_quantized'], r['tol_quantized'])} | {f(r['rel_rms_dense'], r['tol_dense'])} "
-                     f"| {'-' if r.get('elem_ratio') is None else format(r['elem_ratio'], '.3f')} "
-                     f"| {r.get('max_ulp', '-') if r.get('max_ulp') is not None else '-'} "
-                     f"| {b(r['dots_exact'])} | {claim} | {b(r['deterministic'])} | {b(r['written'])} "
-                     f"| {b(r.get('guards_intact'))} | {b(r.get('batch_invariant'))} | {b(r.get('nan_exact'))} "
-                     f"| {'PASS' if r['ok'] else '**FAIL** ' + '; '.join(r['failures'])} |")
+    lines += summary(results) + [""]
+    if n_ok < len(results):
+        lines += ["## Failures", ""] + failure_lines(worst_first(results))
+        for case, name in (maps or {}).items():
+            lines += [f"![error map of {case}]({name})", ""]
+    lines += case_table(results).markdown()
     return "\n".join(lines) + "\n"
 
 
-def summary(results: list[dict]) -> list[str]:
-    """One row per path: cases, worst relative RMS, and how many held each property."""
-    lines = ["| path | cases | pass | max relRMS vs quantized FP64 | max vs dense FP64 | max elem/bound | max ulp "
-             "| dots exact | claim held | deterministic | written | guards intact | batch invariant | NaN exact |",
-             "|" + "---|" * 14]
+def path_table(results: list[dict]):
+    """One row per path: cases, worst relative RMS, how many held each property, and the checks
+    that failed (a count below its total highlighted)."""
+    from .report.table import Cell, Table
+    t = Table(("path", "cases", "pass", "max relRMS vs quantized FP64", "max vs dense FP64", "max elem/bound",
+               "max ulp", "dots exact", "claim held", "deterministic", "written", "guards intact",
+               "batch invariant", "NaN exact", "failed checks"), title="per path")
     by = {}
     for r in results:
         by.setdefault(r["path"], []).append(r)
-
-    def mx(rs, k, fmt="{:.2e}"):
-        v = [r.get(k) for r in rs if r.get(k) is not None]
-        return fmt.format(max(v)) if v else "-"
-
-    def held(rs, k):
-        v = [r.get(k) for r in rs if r.get(k) is not None]
-        return f"{sum(v)}/{len(v)}" if v else "-"
     for path, rs in by.items():
-        lines.append(f"| {path} | {len(rs)} | {sum(r['ok'] for r in rs)} | {mx(rs, 'rel_rms_quantized')} "
-                     f"| {mx(rs, 'rel_rms_dense')} | {mx(rs, 'elem_ratio', '{:.3f}')} | {mx(rs, 'max_ulp', '{}')} "
-                     f"| {held(rs, 'dots_exact')} | {held(rs, 'claim_held')} "
-                     f"| {held(rs, 'deterministic')} | {held(rs, 'written')} | {held(rs, 'guards_intact')} "
-                     f"| {held(rs, 'batch_invariant')} | {held(rs, 'nan_exact')} |")
-    return lines
+        bad = {n for r in rs for n in _failed(r)}
+
+        def mx(k, fmt="{:.2e}"):
+            v = [r.get(k) for r in rs if r.get(k) is not None]
+            return Cell(fmt.format(max(v)) if v else "-", bad=_FIELD_CHECK[k] in bad)
+
+        def held(k):
+            v = [r.get(k) for r in rs if r.get(k) is not None]
+            return Cell(f"{sum(v)}/{len(v)}" if v else "-", bad=bool(v) and sum(v) < len(v))
+        n_ok = sum(r["ok"] for r in rs)
+        t.add(path, len(rs), Cell(str(n_ok), bad=n_ok < len(rs)), mx("rel_rms_quantized"), mx("rel_rms_dense"),
+              mx("elem_ratio", "{:.3f}"), mx("max_ulp", "{}"), held("dots_exact"), held("claim_held"),
+              held("deterministic"), held("written"), held("guards_intact"), held("batch_invariant"),
+              held("nan_exact"), Cell(", ".join(sorted(bad)) or "-", bad=bool(bad)),
+              status="fail" if n_ok < len(rs) else "")
+    return t
+
+
+def summary(results: list[dict]) -> list[str]:
+    """The per-path table as Markdown lines."""
+    return path_table(results).markdown()
 
 
 # --- render: saved --json files, green only as one whole run ---------------------------------
@@ -668,10 +726,38 @@ def run(args) -> int:
     # the verdict is on the console: now the files (a failed write is exit 3, the verdict stands)
     out["complete"] = True
     note = _note(out)
+    maps, unwritten = error_maps(failures, dev, args.markdown or args.html) if args.markdown or args.html else ({}, [])
+    names_ = {k: os.path.basename(v) for k, v in maps.items()}
     outputs.write_all([("--json", args.json, lambda: json.dumps(out, indent=1, default=str)),
-                       ("--markdown", args.markdown, lambda: markdown(out["cases"], [prov], note)),
-                       ("--html", args.html, lambda: html(out["cases"], [prov], note))])
+                       ("--markdown", args.markdown, lambda: markdown(out["cases"], [prov], note, maps=names_)),
+                       ("--html", args.html, lambda: html(out["cases"], [prov], note, maps=maps))])
+    if unwritten:
+        raise outputs.WriteError("; ".join(unwritten))
     return 0 if ok_all else 1
+
+
+MAX_MAPS = 8      # error maps drawn per run: the first failures (each reruns its case once)
+
+
+def error_maps(failed: list, dev, report: str) -> tuple[dict, list]:
+    """({case id: PNG of its error map (report.errormap)}, [maps that could not be written]):
+    written beside `report` as <report stem>.<case>.png, for the first MAX_MAPS failed cases. A
+    map that cannot be drawn (the case raised) is left out with a warning."""
+    from .report import errormap
+    out, unwritten = {}, []
+    stem = os.path.splitext(report)[0]
+    for r in failed[:MAX_MAPS]:
+        png = f"{stem}.{errormap.slug(r.case.id)}.png"
+        try:
+            errormap.write(errormap.of_case(r.case, dev), png)
+        except OSError as e:
+            unwritten.append(f"error map {png}: {e.strerror or e}")
+            continue
+        except Exception as e:       # a case that raised: no outputs to map
+            print(f"warning: no error map for {r.case.id}: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        out[r.case.id] = png
+    return out, unwritten
 
 
 def _note(out: dict) -> str:

@@ -21,7 +21,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pq2verify import backend, bench, bench_report, checks, inputs, registry
+from pq2verify import backend, bench, checks, inputs, registry
+from pq2verify.bench import report as bench_report
 from pq2verify.bench import Config, FakeEnv, Item, Shape, checkafter
 from pq2verify.weights import PQ2Weight
 

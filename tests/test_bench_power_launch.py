@@ -12,7 +12,8 @@ import statistics
 
 import pytest
 
-from pq2verify import bench, bench_report
+from pq2verify import bench
+from pq2verify.bench import report as bench_report
 from pq2verify.bench import Config, FakeEnv, Item, launch, power
 from pq2verify.bench.checkafter import Thunks
 from pq2verify.bench.contestants import Call, Contestant

@@ -327,7 +327,7 @@ def html(rep: dict, md: str, recs_a: dict, recs_b: dict) -> str:
     """The report as one self-contained page: the verdict, the Markdown summary, and for each
     question whose answer or text differs, A's and B's generations side by side from the step
     where they part (the shared prefix above them)."""
-    from .. import html_report as h
+    from ..report import html as h
     cmp, verdict = rep["compare"], rep.get("verdict") or {}
     body = [h.meta({"model": rep["model"]["id"], "A": rep["a"]["label"], "B": rep["b"]["label"],
                     "backend": rep["backend"], "questions": rep["data"]["n"]})]
