@@ -32,11 +32,11 @@ R1_up in FP64, R2(h) and B2 the step-2 path's reference and per-element bound on
           and independent between outputs, so by Hoeffding's inequality
           P(|sum_k W'_nk e_k| >= z sigma_n) <= 2 exp(-z^2 / 2), sigma_n^2 = sum_k W'_nk^2 Eh_k^2,
           and z = sqrt(2 ln(2 n_tests / alpha)) (Bonferroni over every output of every chain
-          and side, alpha = replay.BIAS_ALPHA). A fault whose residues line up with a row of W'
+          and side, alpha = numerics.BIAS_ALPHA). A fault whose residues line up with a row of W'
           adds up like sum_k |W'_nk| Eh_k, sqrt(I) times more: that is what compounds.
 
   Eh, propagated through the activation (L = max |silu'| = 1.0998 at x = 2.40, taken as 1.1;
-  u = the dtype's unit roundoff, registry.UNIT_ROUNDOFF; us = u + 2^-20 for torch's FP32
+  u = the dtype's unit roundoff, numerics.UNIT_ROUNDOFF; us = u + 2^-20 for torch's FP32
   evaluation of silu before its rounding; the bf16 x bf16 product is exact in FP32 and rounded
   once; eta = half the dtype's smallest subnormal, per rounding):
       Es = L Bg + us (|silu(Gr)| + L Bg) + eta          |bf16(silu(g)) - silu(Gr)|
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import registry, replay
+from . import numerics, registry, replay
 
 GATE_UP, DOWN = "mlp.gate_proj+up_proj", "mlp.down_proj"
 KIND = f"{GATE_UP} -> silu*up -> {DOWN}"
@@ -212,8 +212,8 @@ def step1_bound(ch: Chain, path: str, refs: replay.References, dtype):
     p = registry.get(path)
     integer = p.arithmetic == "integer"
     r1 = refs.get(ch.call, p.reference)
-    b1, _, _ = p.element_bound(ch.call.x.shape[1], refs.get(ch.call, "abs_integer" if integer else "abs_floating"),
-                               r1, dtype)
+    b1, _, _ = numerics.element_bound(p, ch.call.x.shape[1],
+                                      refs.get(ch.call, "abs_integer" if integer else "abs_floating"), r1, dtype)
     return r1, b1
 
 
@@ -221,7 +221,7 @@ def activation_bound(r1, b1, inter: int, dtype):
     """(Hr, Eh): the FP64 activation of step 1's reference and the worst-case |h - Hr| (module
     docstring)."""
     from reference import metrics
-    u = registry.UNIT_ROUNDOFF[dtype]
+    u = numerics.UNIT_ROUNDOFF[dtype]
     eta = float(metrics.spacing(0.0, dtype)) / 2
     gr, ur, bg, bu = r1[:, :inter], r1[:, inter:], b1[:, :inter], b1[:, inter:]
     sr = _silu64(gr)
@@ -232,7 +232,7 @@ def activation_bound(r1, b1, inter: int, dtype):
 
 def threshold(n_tests: int) -> float:
     """Hoeffding's z at family-wise alpha over n_tests outputs: 2 exp(-z^2/2) = alpha / n_tests."""
-    return math.sqrt(2.0 * math.log(2.0 * max(n_tests, 1) / replay.BIAS_ALPHA))
+    return math.sqrt(2.0 * math.log(2.0 * max(n_tests, 1) / numerics.BIAS_ALPHA))
 
 
 def side_eval(ch: Chain, s: SideOut, fp: dict, w_fold: np.ndarray, refs: replay.References, weights, z: float,
@@ -250,7 +250,8 @@ def side_eval(ch: Chain, s: SideOut, fp: dict, w_fold: np.ndarray, refs: replay.
     p2 = registry.get(s.y2.path)
     integer2 = p2.arithmetic == "integer"
     r2, d2h = refs2.get(c2, p2.reference), refs2.get(c2, "dense")
-    b2, _, _ = p2.element_bound(s.x2.shape[1], refs2.get(c2, "abs_integer" if integer2 else "abs_floating"), r2, dt)
+    b2, _, _ = numerics.element_bound(p2, s.x2.shape[1], refs2.get(c2, "abs_integer" if integer2 else "abs_floating"),
+                                      r2, dt)
     sigma = np.sqrt((eh ** 2) @ (w_fold ** 2).T)
     exact = (r2 - d2h) + (hr - fp["h"]) @ w_fold.T        # terms 2 and 4, signed
     bound = b2 + z * sigma
@@ -327,9 +328,9 @@ def coherent_output(c: replay.Call, y: torch.Tensor, path: str, refs: replay.Ref
     p = registry.get(path)
     integer = p.arithmetic == "integer"
     r = refs.get(c, p.reference)
-    b, _, _ = p.element_bound(c.x.shape[1], refs.get(c, "abs_integer" if integer else "abs_floating"), r, dt)
+    b, _, _ = numerics.element_bound(p, c.x.shape[1], refs.get(c, "abs_integer" if integer else "abs_floating"), r, dt)
     b = 0.999 * b
-    tol = 0.9 * p.tolerance(dt, p.reference)
+    tol = 0.9 * numerics.tolerance(p, dt, p.reference)
     y64 = y.double().cpu().numpy()
     out = y64.copy()
     for m in range(r.shape[0]):

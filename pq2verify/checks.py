@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from . import registry
+from . import numerics, registry, verdicts
 from .bits import bits
 from .inputs import activations, dense_weight, ternary_weight
 
@@ -19,15 +19,11 @@ from .cases import check_cases as cases  # noqa: F401
 _seeded = seeded
 REF_ROWS = 256            # reference rows sampled on large shapes (all rows when N is smaller)
 
-# The typed name of each check, recorded beside every failure (Result.failed) so a reader (the
+# The typed name of each check (pq2verify.verdicts), recorded with every failure so a reader (the
 # selftest's table, a test) learns which verdict fell without parsing its English message.
-WRITTEN, RMS_QUANTIZED, RMS_DENSE, PER_ELEMENT = "written", "rms quantized", "rms dense", "per-element"
-DOTS, CLAIM, DETERMINISM, BATCH, NAN, GUARD = ("dots", "exactness claim", "determinism", "batch invariance",
-                                              "nan propagation", "guard band")
-FOLD = "declared fold"
-ERROR = "error"          # the case raised: no verdict on the kernel
-CHECK_NAMES = (WRITTEN, RMS_QUANTIZED, RMS_DENSE, PER_ELEMENT, DOTS, CLAIM, DETERMINISM, BATCH, NAN, GUARD, FOLD,
-               ERROR)
+from .verdicts import (BATCH, CLAIM, DETERMINISM, DOTS, ERROR, FOLD, GUARD, NAN, PER_ELEMENT,  # noqa: E402,F401
+                       RMS_DENSE, RMS_QUANTIZED, WRITTEN)
+CHECK_NAMES = verdicts.ENGINE_CHECKS
 
 
 @dataclass
@@ -49,25 +45,33 @@ class Result:
     batch_invariant: bool | None = None
     nan_exact: bool | None = None       # a planted NaN made exactly the reference's NaN outputs
     fold_exact: bool | None = None      # bytes equal the emulation of the declared fold (cancelling input)
-    failures: list = field(default_factory=list)
-    failed: list = field(default_factory=list)   # CHECK_NAMES entry of each failure, same order
+    records: list = field(default_factory=list)   # verdicts.Failure of each failed check, in order
+
+    @property
+    def failures(self) -> list[str]:
+        return verdicts.messages(self.records)
+
+    @property
+    def failed(self) -> list[str]:
+        """The CHECK_NAMES entry of each failure, same order as failures."""
+        return verdicts.names(self.records)
 
     @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.records
 
-    def fail(self, what: str, check: str = ERROR) -> None:
+    def fail(self, what: str, check: str = ERROR, where: str = "") -> None:
         if check not in CHECK_NAMES:
             raise ValueError(f"unknown check {check!r}; expected one of {', '.join(CHECK_NAMES)}")
-        self.failures.append(what)
-        self.failed.append(check)
+        self.records.append(verdicts.failure(check, what, where or self.case.id))
 
     def message(self) -> str:
         return (f"{self.case.id}: " + "; ".join(self.failures) + f"\n  reproduce: {self.case.repro()}"
                 + f"\n  seed: {self.case.seed}")
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "case"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("case", "records")}
+        d.update(failures=self.failures, failed=self.failed)
         d.update(case=self.case.id, repro=self.case.repro(), ok=self.ok, **asdict(self.case))
         return d
 
@@ -231,27 +235,20 @@ def _abs_sum(p: registry.Path, inp) -> np.ndarray:
 
 
 def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
-    """Per element: |y - Y| <= F + spacing(|Y| + F) / 2 (registry.FOLD_REASON says why)."""
-    from reference import metrics
+    """Per element: |y - Y| <= F + spacing(|Y| + F) / 2 (verdicts.element; numerics.FOLD_REASON
+    says why)."""
     ref = inp.reference("dense" if inp.dense else p.reference)
     yt = y[:, inp.rows.to(y.device)].cpu()
-    ys = yt.double().numpy()
-    bound, f, half = p.element_bound(inp.x.shape[1], _abs_sum(p, inp), ref, dt)
-    err = np.abs(ys - ref)
-    with np.errstate(invalid="ignore"):
-        ratio = np.where(np.isfinite(ys), err / bound, np.inf)
-        used = np.where(np.isfinite(ys), (err - half) / f, np.inf)
-    r.elem_ratio = float(ratio.max()) if ratio.size else 0.0
-    r.fold_used = float(used.max()) if used.size else 0.0
-    r.max_ulp = metrics.max_ulp(yt, torch.from_numpy(metrics.round_once(ref, dt)).to(dt))
-    if not r.elem_ratio <= 1.0:
-        outside = ~(ratio <= 1.0)          # a NaN ratio (NaN reference or bound) is outside too
-        i, j = (int(v) for v in np.argwhere(outside)[0])
-        r.fail(f"per-element bound: {int(outside.sum())} of {ratio.size} outputs outside it (worst "
-               f"{r.elem_ratio:.3g}x); first y[{i}, {int(inp.rows[j])}] = {ys[i, j]!r} vs FP64 {ref[i, j]!r}, "
-               f"off by {err[i, j]:.3g} > {bound[i, j]:.3g} (fold allowance {f[i, j]:.3g} + half a "
+    e = verdicts.element(p, inp.x.shape[1], yt, ref, _abs_sum(p, inp), dt)
+    r.elem_ratio, r.fold_used, r.max_ulp = e.ratio, e.fold_used, e.max_ulp
+    if not e.ok:
+        i, j = e.first
+        n = int(inp.rows[j])
+        r.fail(f"per-element bound: {e.outside} of {e.size} outputs outside it (worst "
+               f"{r.elem_ratio:.3g}x); first y[{i}, {n}] = {e.y[i, j]!r} vs FP64 {e.ref[i, j]!r}, "
+               f"off by {e.err[i, j]:.3g} > {e.bound[i, j]:.3g} (fold allowance {e.f[i, j]:.3g} + half a "
                f"{str(dt).replace('torch.', '')} spacing); max {r.max_ulp} ulp from the reference rounded once",
-               PER_ELEMENT)
+               PER_ELEMENT, f"{r.case.id} y[{i}, {n}]")
 
 
 def _batch(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
@@ -338,7 +335,6 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
     out and dots sit in guard bands, checked whatever `checks` says. "fold" (not a default: it
     costs a K = 1024 call) checks an integer path's bytes against the emulation of its declared
     fold order, on the interpreter only (fold_exact stays None elsewhere)."""
-    from reference import metrics
     p = registry.get(c.path)
     inp = inp or Inputs(c, device)
     r = Result(c)
@@ -353,29 +349,25 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
     ys = y[:, inp.rows.to(y.device)].double().cpu().numpy()
     dt = DTYPES[c.dtype]
     if "rms" in checks:
-        refs = ["dense"] + (["quantized"] if p.reference == "quantized" else [])
-        for which in refs:
-            err = metrics.relative_rms(ys, inp.reference(which))
-            tol = p.tolerance(dt, which)
-            if which == "dense" and p.reference == "quantized":
-                tol = max(tol, registry.q8_allowance(inp.reference("quantized"), inp.reference("dense"),
-                                                     p.tolerance(dt, "quantized"))[1])
-            setattr(r, f"rel_rms_{which}", err)
-            setattr(r, f"tol_{which}", tol)
-            if not err <= tol:
-                r.fail(f"relative RMS vs {which} FP64 reference {err:.3g} > tolerance {tol:.3g}",
-                       RMS_QUANTIZED if which == "quantized" else RMS_DENSE)
+        for v in verdicts.rms(p, ys, inp.reference, dt):
+            setattr(r, f"rel_rms_{v.which}", v.err)
+            setattr(r, f"tol_{v.which}", v.tol)
+            if not v.ok:
+                r.fail(f"relative RMS vs {v.which} FP64 reference {v.err:.3g} > tolerance {v.tol:.3g}", v.check)
         if finite_x:
             _elementwise(r, p, inp, y, dt)
     if "exact" in checks:
         if dots is not None:
             got = dots[:, inp.rows.to(dots.device)].cpu().to(torch.int64).numpy()
             want = inp.group_dots()
-            r.dots_exact = bool((got == want).all())
+            first = verdicts.dots(got, want)
+            r.dots_exact = first is None
             if not r.dots_exact:
-                m_, n_, g_ = (int(i) for i in np.argwhere(got != want)[0])
+                m_, n_, g_ = first
+                n = int(inp.rows[n_])
                 r.fail(f"integer group dots differ from the exact reference (first at m={m_}, "
-                       f"n={int(inp.rows[n_])}, group {g_}: {got[m_, n_, g_]} != {want[m_, n_, g_]})", DOTS)
+                       f"n={n}, group {g_}: {got[m_, n_, g_]} != {want[m_, n_, g_]})", DOTS,
+                       f"{c.id} dots[{m_}, {n}, {g_}]")
         other = p.bit_identical_to or p.dots_equal_to
         if other is not None and registry.get(other).serves(c.m):
             q = registry.get(other)

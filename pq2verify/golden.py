@@ -55,9 +55,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import backend, checks, inputs, provenance, registry
+from . import backend, checks, inputs, provenance, registry, verdicts
+from . import numerics as bounds     # `numerics` here is the capture's own check, below
 from . import cases as casemodel
-from .bits import bits, same_bits
+from .bits import same_bits
+# the comparisons (bit for bit, within the cross-ISA bound) are the verdict library's
+from .verdicts import compare, compare_bound  # noqa: F401
 from .weights import PQ2Weight
 
 GOLDEN = provenance.ROOT / "golden"
@@ -347,21 +350,29 @@ def _storage(t: torch.Tensor) -> tuple:
 
 
 def numerics(c: checks.Case, x: torch.Tensor, w, y: torch.Tensor) -> str | None:
-    """None if y is within the path's tolerance of its FP64 reference, else why not: a golden
-    of a wrong answer would freeze the bug."""
-    from reference import metrics, projection
+    """None if y is within the path's relative-RMS tolerance of its own FP64 reference (quantized
+    for an integer path, dense for a floating one; verdicts.rms), else why not: a golden of a
+    wrong answer would freeze the bug."""
+    f = numerics_failure(c, x, w, y)
+    return None if f is None else f.message
+
+
+def numerics_failure(c: checks.Case, x: torch.Tensor, w, y: torch.Tensor) -> "verdicts.Failure | None":
+    from reference import projection
     p = registry.get(c.path)
     if not bool(torch.isfinite(y.float()).all()):
-        return "output has non-finite values"
+        return verdicts.failure(verdicts.GOLDEN_NUMERICS, "output has non-finite values", c.id)
     if p.weight == "dense":
-        ref, which = projection.dense(x, w.cpu()), "dense"
+        refs, which = {"dense": lambda: projection.dense(x, w.cpu())}, "dense"
     else:
         wc = w.to("cpu")
         which = "quantized" if p.reference == "quantized" else "dense"
-        ref = projection.quantized(x, wc) if which == "quantized" else projection.floating(x, wc)
-    err = metrics.relative_rms(y.double().numpy(), ref)
-    tol = p.tolerance(checks.DTYPES[c.dtype], which)
-    return None if err <= tol else f"relative RMS vs {which} FP64 reference {err:.3g} > {tol:.3g}"
+        refs = {"quantized": lambda: projection.quantized(x, wc), "dense": lambda: projection.floating(x, wc)}
+    (v,) = verdicts.rms(p, y.double().numpy(), lambda r: refs[r](), checks.DTYPES[c.dtype], only=(which,))
+    if v.ok:
+        return None
+    return verdicts.failure(verdicts.GOLDEN_NUMERICS,
+                            f"relative RMS vs {which} FP64 reference {v.err:.3g} > {v.tol:.3g}", c.id)
 
 
 # --- capture --------------------------------------------------------------------------------
@@ -642,6 +653,12 @@ class Outcome:
     def ok(self) -> bool:
         return self.status in ("identical", "within bound")
 
+    @property
+    def check(self) -> str:
+        """The verdict library's name of the comparison made (verdicts.GOLDEN_BYTES: bit for bit,
+        GOLDEN_BOUND: within the cross-ISA bound)."""
+        return verdicts.GOLDEN_BYTES if self.comparison.startswith("exact") else verdicts.GOLDEN_BOUND
+
     def message(self) -> str:
         s = f"{self.case.id}: {self.status}"
         if self.comparison != "exact":
@@ -735,67 +752,17 @@ def check_backend(g: Golden) -> None:
                            f"golden/{here}")
 
 
-def compare(y: torch.Tensor, want: torch.Tensor) -> tuple[str, str]:
-    if same_bits(y, want):
-        return "identical", ""
-    if y.shape != want.shape or y.dtype != want.dtype:
-        return "different", f"shape/dtype {tuple(y.shape)} {y.dtype} vs captured {tuple(want.shape)} {want.dtype}"
-    diff = bits(y) != bits(want)
-    m, n = (int(v) for v in torch.nonzero(diff)[0])
-    ulps = (bits(y).int() - bits(want).int()).abs().max().item()
-    return "different", (f"{int(diff.sum())} of {y.numel()} elements differ, first at [{m}, {n}]: "
-                         f"{y[m, n].item()} vs captured {want[m, n].item()}; max {ulps} ulp")
-
-
 class SourceChangedOutputIdentical(UserWarning):
     """A kernel's source changed since capture and its output bytes did not: worth knowing
     (a refactor that kept every bit), never a failure."""
 
 
-# FP32 unit roundoff of the CPU's GEMMs (numpy's OpenBLAS, oneDNN, MKL): they round to nearest,
-# so the tensor cores' possible truncation that registry.FOLD_UNIT allows for (2^-23) is not needed
-CPU_FP32_U = 2.0 ** -24
-
-
 def fold_bound(p: registry.Path, c: checks.Case, x: torch.Tensor, w, y: torch.Tensor,
                want: torch.Tensor) -> np.ndarray:
     """float64 [M, N]: how far two FP32 folds of this case on the CPU, in any orders, each
-    rounded once to the output dtype, can lie apart: 2 F + spacing(max(|y|, |want|)). F is
-    registry.FOLD_REASON's floating allowance with the CPU's u: each of the K products is exact
-    in FP32 and meets at most K roundings on its way to the sum (native: 127 in its group's dot,
-    one by the scale, G-1 in the group sum), so a fold in any order is within (K + 2) u S of the
-    exact sum, S = |x| @ |W|^T from the captured inputs, plus (K + 2) 2^-126 for flushed
-    subnormals."""
-    from reference import metrics, pq2, projection, to_float64
-    w_dec = w.cpu() if p.weight == "dense" else pq2.decode(w)
-    s = projection.dense(x.abs(), np.abs(to_float64(w_dec)))
-    f = (c.k + 2) * (CPU_FP32_U * s + 2.0 ** -126)
-    mag = np.maximum(np.abs(to_float64(y)), np.abs(to_float64(want)))
-    return 2 * f + metrics.spacing(mag, y.dtype)
-
-
-def compare_bound(y: torch.Tensor, want: torch.Tensor, bound: np.ndarray) -> tuple[str, str]:
-    """'identical', 'within bound' (every differing element within its bound; non-finite
-    elements must have the same bits) or 'different', with the worst element."""
-    from reference import metrics, to_float64
-    if same_bits(y, want) or y.shape != want.shape or y.dtype != want.dtype:
-        return compare(y, want)
-    yd, wd = to_float64(y), to_float64(want)
-    same = (bits(y) == bits(want)).numpy()
-    with np.errstate(invalid="ignore"):
-        ok = same | (np.isfinite(yd) & np.isfinite(wd) & (np.abs(yd - wd) <= bound))
-    ulps = metrics.ulp_distance(y, want)
-    n_diff = int((~same).sum())
-    if ok.all():
-        ratio = np.where(same, 0.0, np.abs(yd - wd) / bound)
-        m, n = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-        return "within bound", (f"{n_diff} of {y.numel()} elements differ, max {int(ulps.max())} ulp; the "
-                                f"closest to its bound at [{m}, {n}]: |diff| {abs(yd[m, n] - wd[m, n]):.3g} "
-                                f"<= {bound[m, n]:.3g}")
-    m, n = (int(v) for v in np.argwhere(~ok)[0])
-    return "different", (f"{int((~ok).sum())} of {y.numel()} elements outside the bound ({n_diff} differ), first "
-                         f"at [{m}, {n}]: {yd[m, n]!r} vs captured {wd[m, n]!r}, |diff| "
-                         f"{abs(yd[m, n] - wd[m, n]):.3g} > bound {bound[m, n]:.3g} ({int(ulps[m, n])} ulp)")
+    rounded once to the output dtype, can lie apart: numerics.cross_isa_bound (2 F +
+    spacing(max(|y|, |want|)), numerics.CROSS_ISA_REASON)."""
+    return bounds.cross_isa_bound(p, c.k, x, w, y, want)
 
 
 def comparison(g: Golden, p: registry.Path, now: dict) -> str:

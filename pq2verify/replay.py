@@ -19,38 +19,17 @@ arithmetic in another valid FP32 order, void (a failure) where it equals A.
 """
 import math
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import dispatch, golden, golden_model, registry
+from . import dispatch, golden, golden_model, registry, verdicts
 from .weights import PQ2Weight
 
-BIAS_ALPHA = 1e-3
-BIAS_WHY = (
-    "With correct arithmetic an output's error in output ulps, u = (y - Y) / spacing(Y), is its "
-    "rounding residue (|u| <= 1/2, plus an FP32 fold error far below one ulp) and has no preferred "
-    "sign, so over a call's N outputs the means of z = u*sign(Y) (a scale error) and of u (an offset) "
-    "are ~normal about 0 and their t statistics ~N(0, 1). A scale error s(1+d) moves every z by "
-    "d*|Y|/spacing(Y) = 128d..256d ulp the same way: +1 fp16 ulp (d >= 2^-11) is 0.06..0.25 ulp, "
-    "inside the per-element bound for most outputs, yet >= 5 standard errors (sd 0.29) once N >= 200. "
-    "u is clipped to +-1 ulp: that never touches a correct output, and keeps the few outputs where a "
-    "fault's group terms cancel (|y - Y| >> spacing(Y), which the per-element bound catches) from "
-    "swamping the standard error. "
-    "A bias can go either way (a scale too large or too small, an offset up or down), so each test "
-    "is two-sided, |t| <= z. Threshold: the normal quantile with a family-wise false-alarm "
-    f"probability of {BIAS_ALPHA:g}, Bonferroni over every bias test of the run (2 statistics x "
-    "(calls + kinds), each two-sided: z = Phi^-1(1 - alpha / (2 x tests)), a kind's test being "
-    "Stouffer's sum of its calls' t over sqrt(calls)).")
-Q8_WHY = (
-    "The Q8 budget (registry.Q8_BUDGET) bounds the Q8 error of the generated inputs; on real "
-    "activations with outlier channels the exact Q8 arithmetic, the FP64 quantized reference Q, can "
-    "exceed it by itself (e_Q = relRMS(Q, dense D)), and no kernel does better than Q. A path within "
-    "tol_quantized of Q is within e_Q + tol_quantized * |Q| / |D| of D (triangle inequality): where "
-    "that is larger than the budget, it is the dense bound.")
+# the bias test's threshold and the Q8 allowance's reason live with the other bounds
+from .numerics import BIAS_ALPHA, BIAS_WHY, Q8_WHY, bias, bias_threshold  # noqa: E402,F401
 STALE_TILE_N = 8     # the H200 single/int_gemv kernels' BN: one program's output tile
 
 
@@ -507,70 +486,43 @@ def same_thing(calls, weights, paths_a, paths_b, key: str) -> list[dict]:
 
 
 # --- metrics and verdicts -------------------------------------------------------------------
-def _t(v: np.ndarray) -> float:
-    if not np.isfinite(v).all():
-        return math.inf
-    if v.size < 2:
-        return 0.0
-    m, s = float(v.mean()), float(v.std(ddof=1))
-    if s == 0.0:
-        return 0.0 if m == 0.0 else math.copysign(math.inf, m)
-    return m / (s / math.sqrt(v.size))
-
-
-def bias(y64: np.ndarray, ref: np.ndarray, dtype) -> tuple[float, float]:
-    """(t of the mean scale error, t of the mean offset), errors in output ulps clipped to +-1
-    (BIAS_WHY)."""
-    from reference import metrics
-    if not np.isfinite(y64).all():
-        return math.inf, math.inf
-    with np.errstate(invalid="ignore", divide="ignore"):
-        u = np.clip((y64 - ref) / metrics.spacing(np.abs(ref), dtype), -1.0, 1.0)
-    nz = ref != 0
-    return _t((u[nz] * np.sign(ref[nz])).ravel()), _t(u.ravel())
-
-
-def _q8_allowance(r: dict, c: Call, refs: References, tol_q: float) -> float:
-    """An integer path's dense bound where the inputs alone break the Q8 budget (Q8_WHY)."""
-    r["q8_error"], bound = registry.q8_allowance(refs.get(c, "quantized"), refs.get(c, "dense"), tol_q)
-    return bound
-
-
 def side_metrics(c: Call, out: Out, refs: References) -> dict:
-    """The check engine's verdicts for one side of one call, plus the bias statistics."""
-    from reference import metrics
+    """The check engine's verdicts (pq2verify.verdicts) for one side of one call, plus the bias
+    statistics. "failures": the messages, "failed": the check of each (verdicts.CHECKS)."""
     p = registry.get(out.path)
     dt = out.y.dtype
     y64 = out.y.double().numpy()
-    r = {"path": out.path, "failures": list(out.notes), "q8_error": None}
+    fails = [verdicts.failure(verdicts.DOTS_CALL, n, c.key) for n in out.notes]
+    r = {"path": out.path, "failures": [], "q8_error": None}
     integer = p.arithmetic == "integer"
-    for which in ["dense"] + (["quantized"] if p.reference == "quantized" else []):
-        err, tol = metrics.relative_rms(y64, refs.get(c, which)), p.tolerance(dt, which)
-        if which == "dense" and integer:
-            tol = max(tol, _q8_allowance(r, c, refs, p.tolerance(dt, "quantized")))
-        r[f"rel_rms_{which}"], r[f"tol_{which}"] = err, tol
-        if not err <= tol:
-            r["failures"].append(f"{out.path}: relative RMS vs {which} FP64 {err:.3g} > tolerance {tol:.3g}")
+    for v in verdicts.rms(p, y64, lambda which: refs.get(c, which), dt):
+        if v.q8_error is not None:
+            r["q8_error"] = v.q8_error
+        r[f"rel_rms_{v.which}"], r[f"tol_{v.which}"] = v.err, v.tol
+        if not v.ok:
+            fails.append(verdicts.failure(v.check, f"{out.path}: relative RMS vs {v.which} FP64 {v.err:.3g} > "
+                                                   f"tolerance {v.tol:.3g}", c.key))
     ref = refs.get(c, p.reference)
-    bound, _, _ = p.element_bound(c.x.shape[1], refs.get(c, "abs_integer" if integer else "abs_floating"), ref, dt)
-    with np.errstate(invalid="ignore"):
-        ratio = np.where(np.isfinite(y64), np.abs(y64 - ref) / bound, np.inf)
-    outside = ~(ratio <= 1)        # a NaN ratio (NaN reference or bound) is outside too
-    r["elem_ratio"], r["elem_outside"] = float(ratio.max()), int(outside.sum())
-    r["max_ulp"] = metrics.max_ulp(out.y, torch.from_numpy(metrics.round_once(ref, dt)).to(dt))
-    if r["elem_outside"]:
-        i, j = (int(v) for v in np.argwhere(outside)[0])
-        r["failures"].append(f"{out.path}: per-element bound: {r['elem_outside']} of {ratio.size} outputs outside "
-                             f"(worst {r['elem_ratio']:.3g}x); first y[{i}, {j}] = {float(y64[i, j])!r} "
-                             f"vs FP64 {float(ref[i, j])!r}")
+    e = verdicts.element(p, c.x.shape[1], out.y, ref, refs.get(c, "abs_integer" if integer else "abs_floating"), dt)
+    r["elem_ratio"], r["elem_outside"] = e.ratio, e.outside
+    r["max_ulp"] = e.max_ulp
+    if e.outside:
+        i, j = e.first
+        fails.append(verdicts.failure(
+            verdicts.PER_ELEMENT, f"{out.path}: per-element bound: {e.outside} of {e.size} outputs outside "
+            f"(worst {e.ratio:.3g}x); first y[{i}, {j}] = {float(e.y[i, j])!r} vs FP64 {float(ref[i, j])!r}",
+            f"{c.key} y[{i}, {j}]"))
     r["dots_exact"] = None
     if out.dots is not None:
-        want = refs.get(c, "dots")
-        r["dots_exact"] = bool(np.array_equal(out.dots.numpy(), want))
-        if not r["dots_exact"]:
-            m_, n_, g_ = (int(v) for v in np.argwhere(out.dots.numpy() != want)[0])
-            r["failures"].append(f"{out.path}: integer group dots ({out.dots_from}) differ from the exact ones, "
-                                 f"first at m={m_}, n={n_}, group {g_}")
+        first = verdicts.dots(out.dots.numpy(), refs.get(c, "dots"))
+        r["dots_exact"] = first is None
+        if first is not None:
+            m_, n_, g_ = first
+            fails.append(verdicts.failure(
+                verdicts.DOTS, f"{out.path}: integer group dots ({out.dots_from}) differ from the exact ones, "
+                f"first at m={m_}, n={n_}, group {g_}", f"{c.key} dots[{m_}, {n_}, {g_}]"))
+    r["failures"][:] = verdicts.messages(fails)
+    r["failed"] = verdicts.names(fails)
     # over distinct rows only: a repeated row repeats its errors, which the t statistic would
     # count as independent evidence (a correct path read as biased at M = 16 from 3 rows)
     d = c.distinct or None
@@ -578,25 +530,29 @@ def side_metrics(c: Call, out: Out, refs: References) -> dict:
     return r
 
 
-def pair_metrics(a: Out, b: Out, fault: Fault | None) -> dict:
+def pair_metrics(a: Out, b: Out, fault: Fault | None, where: str = "") -> dict:
     from reference import metrics
     r = {"rel_rms": metrics.relative_rms(b.y, a.y), "max_ulp": metrics.max_ulp(b.y, a.y),
          "bit_equal": metrics.bitwise_equal(b.y, a.y), "dots_equal": None, "failures": []}
+    fails = []
     if a.dots is not None and b.dots is not None:
         r["dots_equal"] = bool(torch.equal(a.dots, b.dots))
         if not r["dots_equal"]:
-            r["failures"].append(f"A ({a.path}) and B ({b.path}) integer group dots differ")
+            fails.append(verdicts.failure(verdicts.DOTS_AB, f"A ({a.path}) and B ({b.path}) integer group dots differ",
+                                          where))
     pb = registry.get(b.path)
     claimed = pb.bit_identical_to == a.path or (a.path == b.path and pb.deterministic)
     if fault is None and claimed and not r["bit_equal"]:   # a variant of B is another function
-        r["failures"].append(f"B ({b.path}) bytes differ from A ({a.path}), which the registry claims equal: "
-                             + metrics.describe_difference(b.y, a.y))
+        fails.append(verdicts.failure(verdicts.CLAIM_AB, f"B ({b.path}) bytes differ from A ({a.path}), which the "
+                                      "registry claims equal: " + metrics.describe_difference(b.y, a.y), where))
+    r["failures"][:] = verdicts.messages(fails)
+    r["failed"] = verdicts.names(fails)
     return r
 
 
-def bias_threshold(n_tests: int) -> float:
-    """z with P(|N(0,1)| > z) = BIAS_ALPHA / n_tests: n_tests two-sided tests, Bonferroni."""
-    return statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * max(n_tests, 1)))
+def _sided(side: str, r: dict) -> list:
+    """One side's failures, each message led by the side's name."""
+    return [verdicts.Failure(check, f"{side} {msg}") for check, msg in zip(r["failed"], r["failures"])]
 
 
 def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None, *, planned=None,
@@ -605,31 +561,36 @@ def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None
     planned: {"a": [path], "b": [path]} that dispatch chose before the run (resolve_paths); the
     dispatch trace of each call must show them, and A and B must differ on it (path or fold
     order). The control (fold_reversed) must differ from A in fold order on every call and in
-    at least one output's bits, or it controls nothing and the run fails."""
+    at least one output's bits, or it controls nothing and the run fails. Beside each list of
+    "failures" (messages) stands "failed": the check of each (verdicts.CHECKS)."""
     kinds = sorted({c.kind for c in calls})
     # two statistics per call and per kind, each a two-sided test (BIAS_WHY)
     z = bias_threshold(2 * (len(calls) + len(kinds)))
     rows, run_fails = [], []
     for i, (c, a, b) in enumerate(zip(calls, outs_a, outs_b)):
         ra, rb = side_metrics(c, a, refs), side_metrics(c, b, refs)
-        ab = pair_metrics(a, b, fault)
-        fails = [f"A {s}" for s in ra["failures"]] + [f"B {s}" for s in rb["failures"]] + ab["failures"]
+        ab = pair_metrics(a, b, fault, c.key)
+        fails = _sided("A", ra) + _sided("B", rb) + [verdicts.Failure(k, f, c.key)
+                                                      for k, f in zip(ab["failed"], ab["failures"])]
         for side, r in (("A", ra), ("B", rb)):
             for stat in ("t_scale", "t_offset"):
                 if not abs(r[stat]) <= z:
-                    fails.append(f"{side} {r['path']}: biased, {stat} = {r[stat]:.3g} standard errors (|t| > {z:.2f})")
+                    fails.append(verdicts.failure(verdicts.BIAS, f"{side} {r['path']}: biased, {stat} = {r[stat]:.3g} "
+                                                  f"standard errors (|t| > {z:.2f})", c.key))
         m, w = c.x.shape[0], refs.weights[c.layer]
         for side, out in (("a", a), ("b", b)):
             want = planned[side][i] if planned else out.path
             if out.path != want:
-                fails.append(f"{side.upper()} ran {out.path} (dispatch trace) where dispatch chose {want} before "
-                             "the run: the A/B does not compare what it says")
+                fails.append(verdicts.failure(verdicts.TRACE, f"{side.upper()} ran {out.path} (dispatch trace) where "
+                                              f"dispatch chose {want} before the run: the A/B does not compare what "
+                                              "it says", c.key))
         ab["same_path_and_fold"] = a.path == b.path and fold_plan(a.path, m, w, key) == fold_plan(b.path, m, w, key)
         if ab["same_path_and_fold"]:
-            fails.append(f"A and B both ran {a.path} with the same fold order (dispatch trace): this call "
-                         "compares a path with itself")
+            fails.append(verdicts.failure(verdicts.SAME, f"A and B both ran {a.path} with the same fold order "
+                                          "(dispatch trace): this call compares a path with itself", c.key))
         rows.append({"key": c.key, "layer": c.layer, "kind": c.kind, "position": c.position, "m": m,
-                     "n": int(a.y.shape[1]), "k": int(c.x.shape[1]), "a": ra, "b": rb, "ab": ab, "failures": fails})
+                     "n": int(a.y.shape[1]), "k": int(c.x.shape[1]), "a": ra, "b": rb, "ab": ab,
+                     "failures": verdicts.messages(fails), "failed": verdicts.names(fails)})
     control = None
     if fault is not None and fault.name == CONTROL:
         # a control equal to A proves nothing: its fold must be another order than A's on every
@@ -641,11 +602,12 @@ def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None
         control = {"fold": "one split, one lane, groups descending", "same_fold_as_a": len(same_fold),
                    "outputs_differ_from_a": differ, "calls": len(rows)}
         if same_fold:
-            run_fails.append(f"the control is void: its fold order (groups G-1..0) is A's own on {len(same_fold)} "
-                             f"call(s), e.g. {same_fold[0]}")
+            run_fails.append(verdicts.failure(verdicts.VOID_CONTROL, "the control is void: its fold order (groups "
+                                              f"G-1..0) is A's own on {len(same_fold)} call(s), e.g. {same_fold[0]}",
+                                              same_fold[0]))
         if rows and not differ:
-            run_fails.append(f"the control is void: none of its {len(rows)} calls differs from A's bits; it "
-                             "compares A with itself")
+            run_fails.append(verdicts.failure(verdicts.VOID_CONTROL, f"the control is void: none of its {len(rows)} "
+                                              "calls differs from A's bits; it compares A with itself"))
     # pooled over each captured row once: the M = 1 calls, else the first batched call of each
     # weight at the smallest M (its distinct rows are every captured row)
     once = [r for r in rows if isinstance(r["position"], int)]
@@ -659,10 +621,11 @@ def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None
         for side in ("a", "b"):
             for stat in ("t_scale", "t_offset"):
                 d[f"{side}_{stat}"] = sum(r[side][stat] for r in mine) / math.sqrt(len(mine))
-        d["failures"] = [f"{side.upper()} {kind}: biased over {len(mine)} calls, pooled {stat} = "
-                         f"{d[f'{side}_{stat}']:.3g} (|Z| > {z:.2f})" for side in ("a", "b")
-                         for stat in ("t_scale", "t_offset") if not abs(d[f"{side}_{stat}"]) <= z]
+        fails = [verdicts.failure(verdicts.BIAS, f"{side.upper()} {kind}: biased over {len(mine)} calls, pooled "
+                                  f"{stat} = {d[f'{side}_{stat}']:.3g} (|Z| > {z:.2f})", kind)
+                 for side in ("a", "b") for stat in ("t_scale", "t_offset") if not abs(d[f"{side}_{stat}"]) <= z]
+        d["failures"], d["failed"] = verdicts.messages(fails), verdicts.names(fails)
         pooled[kind] = d
     ok = not run_fails and not any(r["failures"] for r in rows) and not any(d["failures"] for d in pooled.values())
-    return {"calls": rows, "kinds": pooled, "bias_threshold": z, "failures": run_fails, "control": control,
-            "ok": ok}
+    return {"calls": rows, "kinds": pooled, "bias_threshold": z, "failures": verdicts.messages(run_fails),
+            "control": control, "ok": ok, "failed": verdicts.names(run_fails)}

@@ -4,7 +4,7 @@ and B on the same real activations and compared with the FP64 references and wit
 
   pq2verify replay --a legacy --b tuned                        # exit 1 on FAIL, with repro lines
   pq2verify replay --a legacy --b tuned --fault scale_ulp      # B with a planted fault: must FAIL
-  pq2verify replay --a legacy --b tuned --faults all --markdown results/2026-11-30-replay-separation/replay-faults.md
+  pq2verify replay --a legacy --b tuned --faults all --markdown results/cpu/replay-faults.md
 
 Linked chains (pq2verify.chain): where the selection holds a layer's mlp.gate_proj+up_proj and
 mlp.down_proj, each captured gate_up input also runs gate_up -> silu(gate)*up -> down end to end
@@ -367,28 +367,34 @@ def paths_table(rows: list) -> list[str]:
     return out
 
 
+# the short name of each check in the separation table, by its typed name (verdicts.CHECKS); a
+# check beside the call's output written with dots= counts under both dots names
+_SHORT = {"rms quantized": ("rms",), "rms dense": ("rms",), "per-element": ("elem",), "dots": ("dots",),
+          "dots A=B": ("dots",), "dots= call": ("dots", "dots="), "bias": ("bias",), "bytes A=B": ("claim",),
+          "dispatch trace": ("trace",), "same path and fold": ("trace",), "void control": ("void control",)}
+_SHORT_ORDER = ("rms", "elem", "dots", "bias", "claim", "dots=", "trace", "void control")
+
+
 def _checks_failed(res: dict) -> str:
-    words = {"relative RMS": "rms", "per-element": "elem", "dots": "dots", "biased": "bias", "claims": "claim",
-             "dots=": "dots=", "dispatch trace": "trace", "control is void": "void control"}
+    """'<check> <count>, ...' over the run's failures, from their typed names."""
     hit = {}
-    fails = [f for r in res["calls"] for f in r["failures"]] + [f for d in res["kinds"].values() for f in d["failures"]]
-    fails += res.get("failures", [])
-    for f in fails:
-        for w, short in words.items():
-            if w in f:
-                hit[short] = hit.get(short, 0) + 1
+    failed = [k for r in res["calls"] for k in r["failed"]] + [k for d in res["kinds"].values() for k in d["failed"]]
+    failed += res.get("failed", [])
+    for k in failed:
+        for short in sorted(_SHORT[k], key=_SHORT_ORDER.index):
+            hit[short] = hit.get(short, 0) + 1
     return ", ".join(f"{k} {v}" for k, v in hit.items()) or "-"
 
 
 def q8_note(res: dict) -> list[str]:
     """Calls whose inputs alone break the Q8 budget (see replay._q8_allowance)."""
-    from . import registry, replay
-    over = [(r["a"]["q8_error"], r["key"]) for r in res["calls"] if (r["a"]["q8_error"] or 0) > registry.Q8_BUDGET]
+    from . import numerics, replay
+    over = [(r["a"]["q8_error"], r["key"]) for r in res["calls"] if (r["a"]["q8_error"] or 0) > numerics.Q8_BUDGET]
     if not over:
         return ["- the exact Q8 arithmetic (FP64 quantized reference) is within the Q8 budget "
-                f"{registry.Q8_BUDGET} of dense on every call"]
+                f"{numerics.Q8_BUDGET} of dense on every call"]
     worst = max(over)
-    return [f"- the exact Q8 arithmetic itself is beyond the Q8 budget {registry.Q8_BUDGET} of dense on {len(over)} "
+    return [f"- the exact Q8 arithmetic itself is beyond the Q8 budget {numerics.Q8_BUDGET} of dense on {len(over)} "
             f"call(s) (worst {worst[0]:.4f}, {worst[1]}): there an integer path's dense bound is derived from it. "
             + replay.Q8_WHY]
 
@@ -504,7 +510,7 @@ def chain_section(ctx: dict, runs: list, args, device) -> list[str]:
 
 
 def report(ctx: dict, runs: list, args, device) -> str:
-    from . import registry, replay
+    from . import numerics, replay
     first = runs[0]
     lines = ["# pq2verify replay: real-activation projection calls, A vs B", "",
              f"Command: `{ctx['command']}`", "",
@@ -515,8 +521,8 @@ def report(ctx: dict, runs: list, args, device) -> str:
              "## Bounds (each side of each call; any miss fails)", "",
              "- relative RMS vs the path's FP64 references within `registry.Path.tolerance` (quantized: output "
              "rounding + FP32 fold; dense, integer paths: the Q8 budget)",
-             f"- per element: |y - Y| <= F + spacing(|Y| + F)/2. Integer paths: {registry.FOLD_REASON['integer']}. "
-             f"Floating: {registry.FOLD_REASON['floating']}",
+             f"- per element: |y - Y| <= F + spacing(|Y| + F)/2. Integer paths: {numerics.FOLD_REASON['integer']}. "
+             f"Floating: {numerics.FOLD_REASON['floating']}",
              "- integer group dots equal to the exact ones, and A's equal to B's where both paths write them "
              "(on the emulation backend the dots are the emulation's shared integer GEMM, not a kernel's)",
              "- B's bytes equal to A's where the registry claims bit identity (or A and B run the same path)",

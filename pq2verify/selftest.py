@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import backend, cases, checks, golden, graphs, provenance, registry
+from . import backend, cases, checks, golden, graphs, provenance, registry, verdicts
 from .weights import PQ2Weight
 
 REPRO = "pq2verify --device {device} selftest --paths {path} --faults {fault}"
@@ -548,20 +548,20 @@ def _inert(ctx: Context, fault: Fault) -> str:
 # returns (check, message) for every failure.
 def _evaluate(ctx, kernel) -> list:
     r = checks.evaluate(ctx.case, ctx.device, kernel=kernel, reruns=RERUNS, inp=ctx.inp)
-    return list(zip(r.failed, r.failures))
+    return [(f.check, f.message) for f in r.records]
 
 
 def _fold(ctx, kernel) -> list:
     """checks.evaluate's opt-in declared-fold check (the interpreter, integer paths)."""
     r = checks.evaluate(ctx.case, ctx.device, kernel=kernel, inp=ctx.inp, checks=("fold",))
-    return list(zip(r.failed, r.failures))     # the check's typed name (checks.CHECK_NAMES)
+    return [(f.check, f.message) for f in r.records]     # the check's typed name (verdicts.CHECKS)
 
 
 def _golden(ctx, kernel) -> list:
     out = []
     for o in golden.verify(ctx.g, ctx.device, paths=[ctx.p.name], ids=[ctx.entry["id"]], kernel=kernel):
         if o.status == "different":
-            out.append(("golden bytes" if o.comparison.startswith("exact") else "golden bound", o.message()))
+            out.append((o.check, o.message()))
         elif not o.ok:        # an error, a damaged or missing capture: not a verdict on the kernel
             raise RuntimeError(f"golden: {o.message()}")
     return out
@@ -569,12 +569,12 @@ def _golden(ctx, kernel) -> list:
 
 def _inplace(ctx, kernel) -> list:
     (x, w), (x2, w2) = ctx.graph_inputs(1), ctx.graph_inputs(2)
-    return [("in-place update", f) for f in graphs.check_inplace_update(graphs.kernel_fn(ctx.p, kernel), x, w, x2, w2)]
+    return [(verdicts.INPLACE, f) for f in graphs.check_inplace_update(graphs.kernel_fn(ctx.p, kernel), x, w, x2, w2)]
 
 
 def _graph(ctx, kernel) -> list:
     (x, w), (x2, w2) = ctx.graph_inputs(1), ctx.graph_inputs(2)
-    return [("graph mutation", f) for f in graphs.check_graph_mutation(graphs.path_call(ctx.p, x, w, kernel=kernel), x2, w2)]
+    return [(verdicts.GRAPH, f) for f in graphs.check_graph_mutation(graphs.path_call(ctx.p, x, w, kernel=kernel), x2, w2)]
 
 
 DETECTORS = (("evaluate", _evaluate), ("fold", _fold), ("golden", _golden), ("in-place", _inplace),

@@ -1,6 +1,6 @@
 """Every bound the suite applies, tested at its edge: an error planted at about 0.9x the bound
 must pass and one at about 1.1x must fail, per arithmetic and dtype. The expected bound is
-derived here, from SPEC §3/§4/§7 and the formulas documented beside registry.UNIT_ROUNDOFF,
+derived here, from SPEC §3/§4/§7 and the formulas documented beside numerics.UNIT_ROUNDOFF,
 FOLD_UNIT and q8_allowance, never read from the code under test. Each "loosened" test patches
 one bound of the judge 2x or 4x looser and shows that the 1.1x plant then passes, so the edge
 tests above it would catch that slip.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from pq2verify import cases, checks, golden, registry, replay
+from pq2verify import cases, checks, golden, numerics, registry, replay
 from pq2verify.bits import bits
 from pq2verify.gsm8k import floor
 from reference import metrics, pq2, projection, q8
@@ -414,12 +414,12 @@ def test_nan_in_a_metric_fails(metric, monkeypatch, device):
         monkeypatch.setattr(metrics, "relative_rms", lambda y, ref: float("nan"))
         want = {checks.RMS_QUANTIZED, checks.RMS_DENSE}
     else:
-        real = registry.Path.element_bound
+        real = numerics.element_bound
 
         def nan_bound(self, *a):
             b, f, h = real(self, *a)
             return b * np.nan, f, h
-        monkeypatch.setattr(registry.Path, "element_bound", nan_bound)
+        monkeypatch.setattr(numerics, "element_bound", nan_bound)
         want = {checks.PER_ELEMENT}
     r = judge(d, d["y0"])
     assert want <= set(r.failed), f"{metric} NaN: {r.failed}; reproduce: {HERE} -k nan_in_a_metric"
@@ -437,7 +437,7 @@ def test_loosened_unit_roundoff_lets_the_rms_plant_pass(factor, monkeypatch, dev
     tol = tol_quantized("bf16")
     y, got = rms_plant(d, d["Q"], 1.1 * tol, 2)
     assert checks.RMS_QUANTIZED in judge(d, y).failed
-    _scaled(monkeypatch, registry, "UNIT_ROUNDOFF", factor)
+    _scaled(monkeypatch, numerics, "UNIT_ROUNDOFF", factor)
     r = judge(d, y)
     assert checks.RMS_QUANTIZED not in r.failed and r.tol_quantized != pytest.approx(tol, rel=1e-12)
 
@@ -452,10 +452,10 @@ def test_loosened_q8_budget_or_allowance_lets_the_dense_plant_pass(factor, monke
         assert checks.RMS_DENSE in judge(d, y).failed
         with monkeypatch.context() as mp:
             if branch == "budget":
-                _scaled(mp, registry, "Q8_BUDGET", factor)
+                _scaled(mp, numerics, "Q8_BUDGET", factor)
             else:
-                real = registry.q8_allowance
-                mp.setattr(registry, "q8_allowance", lambda *a: tuple(v * factor for v in real(*a)))
+                real = numerics.q8_allowance
+                mp.setattr(numerics, "q8_allowance", lambda *a: tuple(v * factor for v in real(*a)))
             r = judge(d, y)
             assert checks.RMS_DENSE not in r.failed, (branch, r.failures)
 
@@ -464,7 +464,7 @@ def test_a_loosened_fp32_fold_term_is_seen_in_the_bound(monkeypatch, device):
     """FP32_FOLD is 0.3% of the bf16 bound: no plant at 1.1x can show it 4x looser, the bound's
     own value can (the edge tests compare it with the one derived here)."""
     d = data("integer", "fp16", device=device)
-    _scaled(monkeypatch, registry, "FP32_FOLD", 4)
+    _scaled(monkeypatch, numerics, "FP32_FOLD", 4)
     r = judge(d, d["y0"])
     assert r.tol_quantized != pytest.approx(tol_quantized("fp16"), rel=1e-12)
 
@@ -474,7 +474,7 @@ def test_a_loosened_fp32_fold_term_is_seen_in_the_bound(monkeypatch, device):
 def test_loosened_fold_unit_lets_the_fold_plant_pass(arith, factor, monkeypatch):
     p, inp, y, got = synthetic(arith, "bf16", "fold", 1.1)
     assert checks.PER_ELEMENT in run_elementwise(p, inp, y, "bf16").failed
-    _scaled(monkeypatch, registry, "FOLD_UNIT", factor)
+    _scaled(monkeypatch, numerics, "FOLD_UNIT", factor)
     assert checks.PER_ELEMENT not in run_elementwise(p, inp, y, "bf16").failed
 
 
@@ -594,7 +594,7 @@ def test_golden_bound_loosened_lets_the_plant_pass(part, patch, factor, monkeypa
         real = metrics.spacing
         monkeypatch.setattr(metrics, "spacing", lambda v, dtype: real(v, dtype) * factor)
     else:
-        _scaled(monkeypatch, golden, "CPU_FP32_U", factor)
+        _scaled(monkeypatch, numerics, "CPU_FP32_U", factor)
     assert golden.compare_bound(y, want, golden.fold_bound(*args, y, want))[0] == "within bound"
 
 
@@ -691,7 +691,7 @@ def test_replay_loosened_bounds_let_the_plants_pass(factor, monkeypatch, device)
     y_el = element_plant(d, HI, "half")[0]
     assert any("relative RMS vs quantized" in f for f in side(d, y_rms)["failures"])
     assert any("per-element bound" in f for f in side(d, y_el)["failures"])
-    _scaled(monkeypatch, registry, "UNIT_ROUNDOFF", factor)
+    _scaled(monkeypatch, numerics, "UNIT_ROUNDOFF", factor)
     real = metrics.spacing
     monkeypatch.setattr(metrics, "spacing", lambda v, dtype: real(v, dtype) * factor)
     assert not any("relative RMS vs quantized" in f for f in side(d, y_rms)["failures"])
@@ -702,12 +702,12 @@ def test_replay_a_nan_bound_is_outside(monkeypatch, device):
     """A NaN per-element bound (a NaN in S or the reference) must count as outside: the count
     of outputs outside was `ratio > 1`, which NaN never is, so such a call passed."""
     d = replay_data("bf16", device=device)
-    real = registry.Path.element_bound
+    real = numerics.element_bound
 
     def nan_bound(self, *a):
         b, f, h = real(self, *a)
         return b * np.nan, f, h
-    monkeypatch.setattr(registry.Path, "element_bound", nan_bound)
+    monkeypatch.setattr(numerics, "element_bound", nan_bound)
     r = side(d, d["y0"])
     assert any("per-element bound" in f for f in r["failures"]), f"{r['failures']}; reproduce: {HERE} -k nan_bound"
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pq2verify import cases, checks, cli, graphs, registry, selftest
+from pq2verify import cases, checks, cli, graphs, numerics, registry, selftest
 
 pytestmark = pytest.mark.selftest
 
@@ -254,9 +254,9 @@ def test_a_judge_loosened_2x_leaves_the_beyond_plant_undetected(fault, patch, de
         real = metrics.spacing
         monkeypatch.setattr(metrics, "spacing", lambda v, dtype: real(v, dtype) * 2)
     elif patch == "UNIT_ROUNDOFF":
-        monkeypatch.setattr(registry, patch, {k: 2 * v for k, v in registry.UNIT_ROUNDOFF.items()})
+        monkeypatch.setattr(numerics, patch, {k: 2 * v for k, v in numerics.UNIT_ROUNDOFF.items()})
     else:
-        monkeypatch.setattr(registry, patch, 2 * registry.Q8_BUDGET)
+        monkeypatch.setattr(numerics, patch, 2 * numerics.Q8_BUDGET)
     v = _verdict("int_gemv", fault, device)
     target = selftest.BY_NAME[fault].target
     assert v.status == "UNDETECTED" and v.reason.startswith(f"{target} did not flag it"), v.cell()
@@ -264,7 +264,7 @@ def test_a_judge_loosened_2x_leaves_the_beyond_plant_undetected(fault, patch, de
 
 
 def test_a_judge_too_tight_flags_the_control(device, monkeypatch):
-    monkeypatch.setattr(registry, "UNIT_ROUNDOFF", {k: v / 2 for k, v in registry.UNIT_ROUNDOFF.items()})
+    monkeypatch.setattr(numerics, "UNIT_ROUNDOFF", {k: v / 2 for k, v in numerics.UNIT_ROUNDOFF.items()})
     v = _verdict("int_gemv", "rms_quantized_inside", device)
     assert v.status == "FALSE ALARM" and "rms quantized flagged a plant inside its bound" in v.reason, v.cell()
     assert not selftest.summary([v])["ok"]
