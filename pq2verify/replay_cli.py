@@ -4,7 +4,7 @@ and B on the same real activations and compared with the FP64 references and wit
 
   pq2verify replay --a legacy --b tuned                        # exit 1 on FAIL, with repro lines
   pq2verify replay --a legacy --b tuned --fault scale_ulp      # B with a planted fault: must FAIL
-  pq2verify replay --a legacy --b tuned --faults all --markdown results/cpu/replay-faults.md
+  pq2verify replay --a legacy --b tuned --faults all --markdown results/2026-11-30-replay-separation/replay-faults.md
 
 Linked chains (pq2verify.chain): where the selection holds a layer's mlp.gate_proj+up_proj and
 mlp.down_proj, each captured gate_up input also runs gate_up -> silu(gate)*up -> down end to end
