@@ -245,7 +245,7 @@ def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
         i, j = e.first
         n = int(inp.rows[j])
         r.fail(f"per-element bound: {e.outside} of {e.size} outputs outside it (worst "
-               f"{r.elem_ratio:.3g}x); first y[{i}, {n}] = {e.y[i, j]!r} vs FP64 {e.ref[i, j]!r}, "
+               f"{r.elem_ratio:.3g}x); first y[{i}, {n}] = {float(e.y[i, j])!r} vs FP64 {float(e.ref[i, j])!r}, "
                f"off by {e.err[i, j]:.3g} > {e.bound[i, j]:.3g} (fold allowance {e.f[i, j]:.3g} + half a "
                f"{str(dt).replace('torch.', '')} spacing); max {r.max_ulp} ulp from the reference rounded once",
                PER_ELEMENT, f"{r.case.id} y[{i}, {n}]")
@@ -293,7 +293,7 @@ def _nan(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
     if wrong.size:
         n = int(rows[wrong[0]])
         r.fail(f"NaN propagation: {where}: {wrong.size} of {rows.numel()} outputs of row {i} disagree with "
-               f"the FP64 reference on NaN; first n={n}: {float(y2[i, n])!r}, reference {ref[wrong[0]]!r}", NAN)
+               f"the FP64 reference on NaN; first n={n}: {float(y2[i, n])!r}, reference {float(ref[wrong[0]])!r}", NAN)
     if moved.numel():
         r.fail(f"NaN propagation: {where} changed {moved.numel()} other row(s), first row "
                f"{others[int(moved[0])]}", NAN)
