@@ -28,7 +28,7 @@ REPRO = resources.REPRO
 KB = 1024
 
 # (registers, dynamic shared, num_warps, static shared) -> (programs, binding limit), derived by
-# hand from the sm_90 rules (pq2verify/resources.py): a warp's registers ceil(r * 32 / 256) * 256,
+# hand from the sm_90 rules (pq2verify/sm90/resources.py): a warp's registers ceil(r * 32 / 256) * 256,
 # warps per sub-partition floor(16384 / that), four sub-partitions; a block's shared memory its
 # dynamic bytes plus the 1 KB reserved, rounded to 128, into 228 KB.
 HAND = [

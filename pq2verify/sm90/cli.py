@@ -114,7 +114,7 @@ def resources_main(a, ap):
     print(f"{len(rows)} specializations, {len(bad)} failing, {known} with a known spill; "
           f"{sum(r['compile_s'] for r in rows):.1f} s compiling"
           + ("" if not bad else f"; reproduce: TRITON_INTERPRET=0 .venv/bin/python -m pq2verify.sm90 "
-                                f"{shlex.join(sys.argv[1:])}"))
+                                f"{shlex.join(a.argv)}"))
     return 1 if bad else 0
 
 
@@ -198,7 +198,9 @@ def main(argv=None):
     rp.add_argument("--record", default=None, metavar="FILE",
                     help="write the compile's whole table (--model implied; measured occupancies kept) to FILE "
                          "instead of judging")
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = ap.parse_args(argv)
+    a.argv = argv       # the repro line
     if a.cmd == "resources":
         if a.table is None:
             from . import resources
