@@ -5,10 +5,14 @@ interpreted or compiled when a kernel is decorated (at import), so a mode flippe
 leaves every kernel module imported meanwhile in the wrong mode for whatever runs next.
 
 On the CPU, `pq2_matmul` runs either the kernels under the interpreter or the torch emulation
-of their arithmetic (pq2verify.emulation, for whole models); that choice is `cpu_backend()`,
+of their arithmetic (kernels.emulation, for whole models); that choice is `cpu_backend()`,
 kept here and switched only for a block (`using_cpu_backend`), never through TRITON_INTERPRET."""
 import contextlib
 import os
+
+# The runtime's modules that hold no Triton function: importing them fixes no kernel mode.
+RUNTIME = frozenset(f"kernels.{m}" for m in ("backend", "config", "dispatch", "emulation", "format", "sets",
+                                             "spec", "table", "validate"))
 
 _chosen = None
 CPU_BACKENDS = ("interpreter", "emulate")
@@ -31,7 +35,7 @@ def select(device: str = "auto") -> str:
         raise RuntimeError("device: cuda was asked for but torch sees no CUDA GPU")
     if _chosen is not None and _chosen != device:
         import sys
-        if any(m.startswith("kernels.") for m in sys.modules):   # refused before anything changes
+        if any(m.startswith("kernels.") and m not in RUNTIME for m in sys.modules):   # refused before anything changes
             raise RuntimeError(f"backend already {_chosen}: kernels were imported; start a new process")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"

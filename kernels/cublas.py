@@ -2,7 +2,7 @@
 baseline the dense tuned path (small_gemm) replaces."""
 import torch
 
-from pq2verify import tiles, validate
+from kernels import config as protocol, validate
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
@@ -17,14 +17,14 @@ def configs(interpret: bool) -> list[dict]:
 
 def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None):
     """None: the library's own order (the emulation calls torch.matmul too)."""
-    tiles.force("cublas", {}, config, {})
+    protocol.force("cublas", {}, config, {})
     return None
 
 
 def run(x, w, *, out=None, dots=None, check=True, config=None):
-    tiles.force("cublas", {}, config, {})
+    protocol.force("cublas", {}, config, {})
     if check:  # the M range, dtypes, layout and buffers; pq2_matmul validated already
-        validate.kernel_args("cublas", x, w, out, dots)
+        validate.kernel_args(__name__, x, w, out, dots)
     y = torch.matmul(x, w.t())
     if out is not None:
         out.copy_(y)

@@ -1,5 +1,7 @@
 """pq2_matmul: pick the kernel set's path for (weight, M), validate, launch, and record which
-path served the call, so that a run can prove which code executed."""
+path served the call, so that a run can prove which code executed. The set and the per-path
+switches come from the KernelSpec of an open `kernels.use(spec)` block, else from the
+environment (kernels.spec: validated once per change of it)."""
 import functools
 import os
 from collections import Counter
@@ -7,16 +9,12 @@ from contextlib import contextmanager
 
 import torch
 
-from . import backend, kernelsets, registry
+from . import backend, table
+from . import sets as kernelsets
+from . import spec as _spec
 from . import validate as _check
-from .weights import PQ2Weight
-
-ENV_SET = "PQ2_KERNELS"
-_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
-# Every other PQ2_* variable the project reads (the emulation's GEMM, the tests' device and bench
-# Ms, the ./pq2 script's venv); with PQ2_KERNELS and the PQ2_PATH_<NAME> switches of the
-# registry's paths these are all there are: any other PQ2_* name is a typo and refused.
-OTHER_VARS = ("PQ2_EMULATE_GEMM", "PQ2_DEVICE", "PQ2_BENCH_M", "PQ2_VENV")
+from .format import PQ2Weight
+from .spec import ENV_SET, OTHER_VARS, KernelSpec, use  # noqa: F401
 
 TRACE: Counter = Counter()       # every call since import, per path name
 _traces: list[Counter] = []      # open trace() contexts
@@ -43,40 +41,28 @@ def count(name: str, n: int = 1) -> None:
 
 
 def kernel_set(kernels: str | None = None) -> str:
-    kset = kernels if kernels is not None else os.environ.get(ENV_SET, "tuned")
-    return kernelsets.check_name(kset, "kernels=" if kernels is not None else f"{ENV_SET}=")
+    if kernels is not None:
+        return kernelsets.check_name(kernels, "kernels=")
+    a = _spec.active()
+    return a.kset if a is not None else _spec.kernel_set_env()
 
 
 def switches() -> dict[str, bool]:
-    """Per-path environment switches PQ2_PATH_<NAME>=on|off (unset: follow the set; an empty
-    value is an error, not unset)."""
-    for k in os.environ:
-        # the names are exact: a PQ2_PATH_single would otherwise be read by nothing
-        if k.upper().startswith("PQ2_PATH_"):
-            p = registry.BY_NAME.get(k[9:].lower())
-            if p is None:
-                raise ValueError(f"{k}: no such path; known paths: {', '.join(registry.BY_NAME)}")
-            if k != p.env:
-                raise ValueError(f"{k}: switch names are upper case; use {p.env}")
-    out = {}
-    for p in registry.BY_NAME.values():
-        v = os.environ.get(p.env)
-        if v is None:
-            continue
-        s = v.strip().lower()
-        if s in _ON:
-            out[p.name] = True
-        elif s in _OFF:
-            out[p.name] = False
-        else:
-            raise ValueError(f"{p.env}={v!r}: expected on or off" + (" (an empty value is not 'unset': unset the "
-                                                                      "variable to follow the kernel set)" if not s else ""))
-    return out
+    """Per-path switches: the open `use` block's spec's, else the environment's
+    PQ2_PATH_<NAME>=on|off (unset: follow the set; an empty value is an error, not unset)."""
+    a = _spec.active()
+    return a.switch_map() if a is not None else _spec.env_switches()
+
+
+def current_spec() -> KernelSpec:
+    """The KernelSpec dispatch follows now: the open `use` block's, else the environment's."""
+    a = _spec.active()
+    return a if a is not None else KernelSpec.from_env()
 
 
 def known_vars() -> list[str]:
     """Every PQ2_* variable name the project reads."""
-    return [ENV_SET, *(p.env for p in registry.BY_NAME.values()), *OTHER_VARS]
+    return [ENV_SET, *(p.env for p in table.by_name().values()), *OTHER_VARS]
 
 
 def validate_env() -> None:
@@ -93,28 +79,28 @@ def validate_env() -> None:
         if u == ENV_SET:
             raise ValueError(f"{k}: the variable is {ENV_SET} (upper case)")
         if u.startswith("PQ2_PATH_"):
-            switches()      # names the path or the upper-case spelling
+            _spec.env_switches()      # names the path or the upper-case spelling
         near = difflib.get_close_matches(u, known, n=1, cutoff=0.75)
         hint = f"did you mean {near[0]}? " if near else ""
         raise ValueError(f"{k}: not a variable pq2verify reads; {hint}known: {', '.join(known)}")
     for k in (ENV_SET, "PQ2_EMULATE_GEMM"):
         if os.environ.get(k) == "":
             raise ValueError(f"{k}='': an empty value; set a value or unset the variable")
-    kernel_set()
-    switches()
+    _spec.kernel_set_env()
+    _spec.env_switches()
 
 
 def backend_key(device: torch.device) -> str:
-    """The backend key of tensors on `device` (pq2verify.backend.key decides it)."""
+    """The backend key of tensors on `device` (kernels.backend.key decides it)."""
     return backend.key(device)
 
 
-def candidates(kset: str, weight_kind: str, key: str, shape: tuple | None = None) -> list[registry.Path]:
+def candidates(kset: str, weight_kind: str, key: str, shape: tuple | None = None) -> list[table.Entry]:
     """shape (n, k, m): the call's, for the exact set's per-shape fold check (kernelsets.members)."""
     sw = switches()
     chosen = kernelsets.members(kset, key, weight=weight_kind, shape=shape)
     # on: preferred over the set's own choice (an A/B can route through any path); off: never
-    forced = [p for p in registry.paths(weight=weight_kind) if sw.get(p.name)]
+    forced = [p for p in table.paths(weight=weight_kind) if sw.get(p.name)]
     return forced + [p for p in chosen if p not in forced and sw.get(p.name, True)]
 
 
@@ -132,41 +118,45 @@ try:   # CPython keeps the environment as an encoded dict: reading it skips the 
 except AttributeError:
     _ENV_RAW = None
 # the last validated environment: (every variable's name, joined; the PQ2_* names in it; their
-# values; the registry's size) and the key it gave
+# values; the table's size) and the key it gave
 _env_seen: tuple = (None, (), (), 0)
 _env_last: tuple = ()
 
 
 def env_key() -> tuple:
-    """The PQ2_* variables as sorted (name, value) pairs, validated (validate_env): a cache key
-    for what the path choice reads (resolve's, and the GSM8K runner's graph keys). A typo'd
-    name or a bad value raises on every call until it is fixed.
+    """The PQ2_* variables as sorted (name, value) pairs, validated (validate_env), plus
+    ("kernels.use", spec) inside a `use` block: a cache key for what the path choice reads
+    (resolve's, and the GSM8K runner's graph keys). A typo'd name or a bad value raises on
+    every call until it is fixed.
 
     The hot path compares, not rescans: the names of all variables joined (any name added or
     removed changes it, whatever the count), and the values of the PQ2_* names among them."""
     global _env_seen, _env_last
     if _ENV_RAW is None:
         validate_env()
-        return tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith("PQ2_")))
+        a = _spec.active()
+        key = tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith("PQ2_")))
+        return key if a is None else key + (("kernels.use", a),)
     names, pq2, vals, nreg = _env_seen
     raw = _ENV_RAW
-    if b"\0".join(raw) == names and nreg == len(registry.BY_NAME) and tuple([raw[k] for k in pq2]) == vals:
-        return _env_last
+    a = _spec.active()
+    if b"\0".join(raw) == names and nreg == len(table.by_name()) and tuple([raw[k] for k in pq2]) == vals:
+        return _env_last if a is None else _env_last + (("kernels.use", a),)
     names = b"\0".join(raw)
     pq2 = tuple(k for k in raw if k.startswith(_PQ2))
     vals = tuple([raw[k] for k in pq2])
     validate_env()          # raises: nothing is remembered, so the next call checks again
     _env_last = tuple(sorted((os.fsdecode(k), os.fsdecode(v)) for k, v in zip(pq2, vals)))
-    _env_seen = (names, pq2, vals, len(registry.BY_NAME))
-    return _env_last
+    _env_seen = (names, pq2, vals, len(table.by_name()))
+    return _env_last if a is None else _env_last + (("kernels.use", a),)
 
 
 @functools.lru_cache(maxsize=1024)
 def _serves(m: int) -> tuple:
-    return tuple(p.serves(m) for p in registry.PATHS)
+    return tuple(p.serves(m) for p in table.all_paths())
 
 
-def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
+def resolve(m: int, w, x: torch.Tensor, kset: str) -> table.Entry:
     """The set's path for this call. Cached by everything the choice depends on (shapes,
     dtype, layout, device, the M ranges it falls in, the switches), never by a data pointer."""
     kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
@@ -187,7 +177,7 @@ def resolve(m: int, w, x: torch.Tensor, kset: str) -> registry.Path:
 
 
 def validate(x, w) -> None:
-    """The bad-input contract (pq2verify.validate): raise naming the argument and what was
+    """The bad-input contract (kernels.validate): raise naming the argument and what was
     expected. Shapes, dtypes and devices only; a PQ2Weight's code-3 check runs once per weight."""
     _check.activations(x, rank2=False)
     _check.weight(x, w)
@@ -199,8 +189,8 @@ def pq2_matmul(x, w, *, kernels=None, path=None):
     x: [..., K] bf16/fp16 (leading dims are flattened into M; a row stride is fine, a
     non-unit stride along K is copied). w: PQ2Weight (raw or prepared) or a dense matrix.
     kernels: 'legacy' | 'exact' | 'tuned' (default: $PQ2_KERNELS or 'tuned').
-    path: force one registry path (an M outside its range is an error; M = 0 is empty).
-    Bad input raises before any launch, naming the argument (policies: pq2verify.validate).
+    path: force one table path (an M outside its range is an error; M = 0 is empty).
+    Bad input raises before any launch, naming the argument (policies: kernels.validate).
     The PQ2_* environment is validated once per change of it (dispatch.validate_env): a
     typo'd variable (PQ2_KERNEL=legacy) raises instead of running the default set.
     """
@@ -214,7 +204,7 @@ def pq2_matmul(x, w, *, kernels=None, path=None):
     n = w.n if isinstance(w, PQ2Weight) else w.shape[0]
     kset = kernel_set(kernels)
     if path is not None:
-        p = registry.get(path)
+        p = table.get(path)
         _check.path_fits(p, m, x2, w, arg=f"path={path!r}")
     else:
         p = resolve(max(m, 1), w, x2, kset)

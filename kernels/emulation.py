@@ -1,4 +1,4 @@
-"""Fast torch CPU emulation of each registry path's arithmetic, for runs where Triton's
+"""Fast torch CPU emulation of each table path's arithmetic, for runs where Triton's
 interpreter is far too slow (a whole model on the CPU).
 
 `emulate(path_name, x, w) -> y` computes what the path computes:
@@ -19,14 +19,14 @@ import os
 
 import torch
 
-from . import registry
-from .weights import BLOCK, PQ2Weight
+from . import table
+from .format import BLOCK, PQ2Weight
 
 # fp32(1/127): the reciprocal multiply of SPEC §3.
 RCP127 = torch.tensor(0.007874015718698502, dtype=torch.float32)
 
 # Each path's FP32 order comes from its kernel file's `fold(n, k, m, interpret, config)` through
-# registry.Path.fold (the GPU's config by default, whatever this process's interpreter mode; a
+# table.Entry.fold (the GPU's config by default, whatever this process's interpreter mode; a
 # forced config where one is given):
 # splits over contiguous group ranges, in a split lane c of L lanes folds groups c, c+L, ...
 # ascending from 0.0, lanes summed by a pairwise tree ((l0+l1)+(l2+l3))+..., splits summed
@@ -192,10 +192,10 @@ def group_dots(q: torch.Tensor, w: PQ2Weight) -> torch.Tensor:
 
 def kernel_plan(path_name: str, m: int, w: PQ2Weight, *, interpret: bool = False,
                 config: dict | None = None) -> list[list[list[int]]]:
-    """The path's FP32 order as splits -> lanes -> groups (registry.Path.fold), for the config
+    """The path's FP32 order as splits -> lanes -> groups (table.Entry.fold), for the config
     its kernel picks or for `config` forced."""
     G = w.groups
-    f = registry.get(path_name).fold(w.n, w.k, m, interpret=interpret, config=config)
+    f = table.get(path_name).fold(w.n, w.k, m, interpret=interpret, config=config)
     per, lanes = f["groups_per_split"], f.get("lanes", 1)
     plan = []
     for s0 in range(0, G, per):
@@ -275,7 +275,7 @@ def dense(path_name: str, x: torch.Tensor, w: torch.Tensor, *, interpret: bool =
           config: dict | None = None) -> torch.Tensor:
     """Dense paths: the library's own product where the path's fold is None, else FP32
     partials over its K splits, added in order, one final rounding."""
-    f = registry.get(path_name).fold(w.shape[0], x.shape[1], x.shape[0], interpret=interpret, config=config)
+    f = table.get(path_name).fold(w.shape[0], x.shape[1], x.shape[0], interpret=interpret, config=config)
     if f is None:
         return torch.matmul(x, w.t())
     k, step = x.shape[1], f["k_per_split"]
@@ -292,7 +292,7 @@ def emulate(path_name: str, x: torch.Tensor, w, *, interpret: bool = False,
     """y [M, N] in x's dtype for x [M, K] (bf16/fp16, CPU) through the named path's arithmetic,
     in the fold order of the config its kernel picks on the GPU (or on the interpreter), or of
     `config` forced as `run(..., config=)` takes it (a bad one is a ValueError naming the field)."""
-    p = registry.get(path_name)
+    p = table.get(path_name)
     if x.dim() != 2:
         raise ValueError(f"x: expected [M, K], got shape {tuple(x.shape)}")
     if p.weight == "dense":

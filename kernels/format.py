@@ -1,4 +1,4 @@
-"""The PQ2 weight object: one allocation, validated once, with typed views for the kernels.
+"""The PQ2 weight format: one allocation, validated once, with typed views for the kernels.
 
 Raw layout: [N, G*34] bytes, each block = fp16 scale (2 bytes) + 32 code bytes.
 Prepared layout: one flat allocation, code plane [N, K/4] then scale plane [N, G] fp16.

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import common, prepare, splitk
-from pq2verify import tiles, validate
+from kernels import config as protocol, validate
 
 
 @triton.jit
@@ -139,8 +139,8 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
         splitk.sum_if_last(part_ptr, count_ptr, tile, rn, n_ok, N, out_ptr, rn * out_sn, SPLIT, INTERP)
 
 
-FIELDS = {"BN": tiles.pow2(1), "GC": tiles.pow2(1), "groups_per_split": tiles.integer(1),
-          "SPLIT": tiles.integer(1), "PDL": tiles.flag, "num_warps": tiles.WARPS}
+FIELDS = {"BN": protocol.pow2(1), "GC": protocol.pow2(1), "groups_per_split": protocol.integer(1),
+          "SPLIT": protocol.integer(1), "PDL": protocol.flag, "num_warps": protocol.WARPS}
 
 
 def config(n: int, k: int, m: int = 1, interpret: bool | None = None) -> dict:
@@ -151,8 +151,8 @@ def config(n: int, k: int, m: int = 1, interpret: bool | None = None) -> dict:
 
 
 def configs(interpret: bool) -> list[dict]:
-    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
-    return tiles.sweep("gemv", lambda n, k, m: config(n, k, m, interpret))
+    """Every distinct config config() picks for the interpreter or the GPU (kernels.config)."""
+    return protocol.sweep("gemv", lambda n, k, m: config(n, k, m, interpret))
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,9 +189,9 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
 
 
 def _resolve(n, k, interpret, cfg) -> dict:
-    c = tiles.force("gemv", config(n, k, 1, interpret), cfg, FIELDS)
+    c = protocol.force("gemv", config(n, k, 1, interpret), cfg, FIELDS)
     if cfg is not None:
-        tiles.splits("gemv", k // 128, c["groups_per_split"], c["SPLIT"])
+        protocol.splits("gemv", k // 128, c["groups_per_split"], c["SPLIT"])
     return c
 
 
@@ -204,7 +204,7 @@ def fold(n: int, k: int, m: int = 1, interpret: bool | None = None, config: dict
 
 
 def run(x, w, *, out=None, dots=None, check=True, config=None):
-    out = validate.kernel_out("gemv", x, w, out, dots, check)
+    out = validate.kernel_out(__name__, x, w, out, dots, check)
     (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out

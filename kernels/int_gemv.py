@@ -10,7 +10,7 @@ import triton.language as tl
 
 from kernels.common import INTERPRET, dp4a, expand_signed, scale_accumulate
 from kernels.prepare import quantize_q8, to_out
-from pq2verify import tiles, validate
+from kernels import config as protocol, validate
 
 
 @triton.jit
@@ -54,9 +54,9 @@ def _gemv_kernel(qw_ptr, xs_ptr, c_ptr, s_ptr, y_ptr, d_ptr, M, N, stride_ym,
     tl.store(y_ptrs, to_out(acc, y_ptr.dtype.element_ty, INTERP), mask=mmask[:, None] & nmask[None, :])
 
 
-# A forced config (run/fold config=) is checked field by field (pq2verify.tiles); BM >= M too.
-FIELDS = {"BM": tiles.pow2(1), "BN": tiles.pow2(1), "GB": tiles.pow2(1), "num_warps": tiles.WARPS,
-          "num_stages": tiles.STAGES}
+# A forced config (run/fold config=) is checked field by field (kernels.config); BM >= M too.
+FIELDS = {"BM": protocol.pow2(1), "BN": protocol.pow2(1), "GB": protocol.pow2(1), "num_warps": protocol.WARPS,
+          "num_stages": protocol.STAGES}
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
@@ -86,12 +86,12 @@ def _config(n, k, m, interpret):
 
 
 def configs(interpret: bool) -> list[dict]:
-    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
-    return tiles.sweep("int_gemv", lambda n, k, m: config(n, k, m, interpret))
+    """Every distinct config config() picks for the interpreter or the GPU (kernels.config)."""
+    return protocol.sweep("int_gemv", lambda n, k, m: config(n, k, m, interpret))
 
 
 def _resolve(n, k, m, interpret, cfg) -> dict:
-    c = tiles.force("int_gemv", _config(n, k, m, INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
+    c = protocol.force("int_gemv", _config(n, k, m, INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
     if c["BM"] < m:
         raise ValueError(f"int_gemv: config field BM={c['BM']}: one program holds all M={m} rows; expected BM >= {m}")
     return c
@@ -105,7 +105,7 @@ def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | N
 
 
 def run(x, w, *, out=None, dots=None, check=True, config=None):
-    y = validate.kernel_out("int_gemv", x, w, out, dots, check)
+    y = validate.kernel_out(__name__, x, w, out, dots, check)
     m, n = y.shape
     if m == 0 or n == 0:
         return y

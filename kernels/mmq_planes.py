@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import common, prepare
 from .small_mma import codes, plane_dots
-from pq2verify import tiles, validate
+from kernels import config as protocol, validate
 
 
 @triton.jit
@@ -69,9 +69,9 @@ def _mmq_planes_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
              prepare.to_out(acc, out_ptr.dtype.element_ty, INTERP), mask=mn & nn)
 
 
-# A forced config (run/fold config=) is checked field by field (pq2verify.tiles).
-FIELDS = {"BM": tiles.pow2(16), "BN": tiles.pow2(16), "SWAP": tiles.flag, "num_warps": tiles.WARPS,
-          "num_stages": tiles.STAGES}
+# A forced config (run/fold config=) is checked field by field (kernels.config).
+FIELDS = {"BM": protocol.pow2(16), "BN": protocol.pow2(16), "SWAP": protocol.flag, "num_warps": protocol.WARPS,
+          "num_stages": protocol.STAGES}
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
@@ -99,12 +99,12 @@ def _config(n: int, k: int, m_bucket: int, interpret: bool):
 
 
 def configs(interpret: bool) -> list[dict]:
-    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
-    return tiles.sweep("mmq_planes", lambda n, k, m: config(n, k, m, interpret))
+    """Every distinct config config() picks for the interpreter or the GPU (kernels.config)."""
+    return protocol.sweep("mmq_planes", lambda n, k, m: config(n, k, m, interpret))
 
 
 def _resolve(n, k, m, interpret, cfg) -> dict:
-    return tiles.force("mmq_planes", _chosen(n, k, m, interpret), cfg, FIELDS)
+    return protocol.force("mmq_planes", _chosen(n, k, m, interpret), cfg, FIELDS)
 
 
 def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
@@ -115,7 +115,7 @@ def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | N
 
 
 def run(x, w, *, out=None, dots=None, check=True, config=None):
-    out = validate.kernel_out("mmq_planes", x, w, out, dots, check)
+    out = validate.kernel_out(__name__, x, w, out, dots, check)
     (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out

@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels import common, prepare
-from pq2verify import tiles, validate
+from kernels import config as tiles, validate  # the config protocol (kernels/config.py)
 
 @gluon.jit
 def _plane(c, s: gl.constexpr):

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from kernels.common import INTERPRET
 from kernels.prepare import to_out
-from pq2verify import tiles, validate
+from kernels import config as protocol, validate
 
 
 @triton.jit
@@ -43,8 +43,8 @@ def _native_kernel(x_ptr, c_ptr, s_ptr, y_ptr, M, N, stride_xm, stride_ym,
     tl.store(y_ptrs, to_out(acc, y_ptr.dtype.element_ty, INTERP), mask=mmask[:, None] & nmask[None, :])
 
 
-# A forced config (run/fold config=) is checked field by field (pq2verify.tiles).
-FIELDS = {"BM": tiles.pow2(16), "BN": tiles.pow2(16), "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+# A forced config (run/fold config=) is checked field by field (kernels.config).
+FIELDS = {"BM": protocol.pow2(16), "BN": protocol.pow2(16), "num_warps": protocol.WARPS, "num_stages": protocol.STAGES}
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
@@ -79,12 +79,12 @@ def _config(n, k, m, interpret):
 
 
 def configs(interpret: bool) -> list[dict]:
-    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
-    return tiles.sweep("native", lambda n, k, m: config(n, k, m, interpret))
+    """Every distinct config config() picks for the interpreter or the GPU (kernels.config)."""
+    return protocol.sweep("native", lambda n, k, m: config(n, k, m, interpret))
 
 
 def _resolve(n, k, m, interpret, cfg) -> dict:
-    return tiles.force("native", _chosen(n, k, m, interpret), cfg, FIELDS)
+    return protocol.force("native", _chosen(n, k, m, interpret), cfg, FIELDS)
 
 
 def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | None = None) -> dict:
@@ -95,7 +95,7 @@ def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | N
 
 
 def run(x, w, *, out=None, dots=None, check=True, config=None):
-    y = validate.kernel_out("native", x, w, out, dots, check)
+    y = validate.kernel_out(__name__, x, w, out, dots, check)
     m, n = y.shape
     if m == 0 or n == 0:
         return y

@@ -191,7 +191,7 @@ def _prepare_kernel(src_ptr, dst_ptr, N, RS, CODE_BYTES,
 def raw_to_prepared(w):
     """A raw PQ2Weight -> a prepared one (one new allocation, equal to w.to_prepared() byte for
     byte). A raw uint8 matrix [N, G*34] gives the flat prepared bytes instead."""
-    from pq2verify.weights import BLOCK_BYTES, PQ2Weight
+    from kernels.format import BLOCK_BYTES, PQ2Weight
     if isinstance(w, torch.Tensor):
         return raw_to_prepared(PQ2Weight.from_raw(w, validate=False)).data
     if w.layout == "prepared":

@@ -16,22 +16,23 @@ import hashlib
 import json
 from pathlib import Path as _P
 
-from . import registry
+from . import table
 
-VERIFIED_DIR = _P(__file__).parent / "verified"
 # The record's format: an entry of an older one (no "rule") is never trusted.
 FORMAT = 2
 # Kernel files every integer path's arithmetic shares (Q8, the fold term, the output rounding,
 # split-K); a proof names their digest with the two paths' own files.
 SHARED_SOURCES = ("kernels/common.py", "kernels/prepare.py", "kernels/splitk.py")
 _ROOT = _P(__file__).resolve().parent.parent
+# The proofs `pq2verify check --derive-exact` writes; the exact set trusts only these records.
+VERIFIED_DIR = _ROOT / "pq2verify" / "verified"
 
 
 def check_name(kset: str, source: str = "kernel set ") -> str:
     """kset if it is a kernel set's name; else ValueError naming where it came from
     (source: 'kernels=', 'PQ2_KERNELS=', '--kernels ')."""
-    if kset not in registry.KERNEL_SETS:
-        raise ValueError(f"{source}{kset!r}: unknown kernel set; expected one of {', '.join(registry.KERNEL_SETS)}")
+    if kset not in table.KERNEL_SETS:
+        raise ValueError(f"{source}{kset!r}: unknown kernel set; expected one of {', '.join(table.KERNEL_SETS)}")
     return kset
 
 
@@ -53,7 +54,7 @@ def sources_digest(*names: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _digest(names):
-    files = sorted({registry.get(n).module.replace(".", "/") + ".py" for n in names} | set(SHARED_SOURCES))
+    files = sorted({table.get(n).module.replace(".", "/") + ".py" for n in names} | set(SHARED_SOURCES))
     h = hashlib.sha256()
     for f in files:
         h.update(f.encode() + b"\0" + (_ROOT / f).read_bytes() + b"\0")
@@ -69,7 +70,7 @@ def fold_plan(name: str, n: int, k: int, m: int, interpret: bool):
 
 @functools.lru_cache(maxsize=4096)
 def _plan(name, n, k, m, interpret):
-    p = registry.get(name)
+    p = table.get(name)
     if p.arithmetic != "integer" or p.weight != "pq2":
         return None
     f = p.fold(n, k, m, interpret=interpret)
@@ -116,8 +117,8 @@ def record(key: str) -> dict:
 
 def held(name: str, entry: dict) -> bool:
     """An entry is trusted only if it is of this format, its rule is 'proven', it is for the
-    path's registry counterpart, and it was derived from the kernel sources as they are now."""
-    p = registry.BY_NAME.get(name)
+    path's table counterpart, and it was derived from the kernel sources as they are now."""
+    p = table.BY_NAME.get(name)
     return (p is not None and isinstance(entry, dict) and entry.get("format") == FORMAT
             and entry.get("rule") == "proven" and entry.get("counterpart") == p.counterpart
             and entry.get("sources") == sources_digest(name, p.counterpart))
@@ -129,15 +130,15 @@ def verified_exact(key: str) -> set[str]:
     return {name for name, r in record(key).get("paths", {}).items() if held(name, r)}
 
 
-def members(kset: str, key: str, *, weight: str | None = None, shape: tuple | None = None) -> list[registry.Path]:
+def members(kset: str, key: str, *, weight: str | None = None, shape: tuple | None = None) -> list[table.Entry]:
     """The set's paths in dispatch preference order (tuned before legacy; integer legacy
     paths before the floating one). shape (n, k, m): for `exact`, keep a tuned path only where
     its fold order equals its counterpart's for that call (dispatch passes it)."""
     check_name(kset)
-    legacy = sorted(registry.paths(kset="legacy", weight=weight), key=lambda p: p.arithmetic == "floating")
+    legacy = sorted(table.paths(kset="legacy", weight=weight), key=lambda p: p.arithmetic == "floating")
     if kset == "legacy":
         return legacy
-    tuned = [p for p in registry.paths(kset="tuned", weight=weight) if not p.deselected]
+    tuned = [p for p in table.paths(kset="tuned", weight=weight) if not p.deselected]
     if kset == "exact":
         ok = verified_exact(key)
         tuned = [p for p in tuned if p.name in ok

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import common, prepare, splitk
-from pq2verify import tiles, validate
+from kernels import config as protocol, validate
 
 
 @triton.jit
@@ -105,10 +105,10 @@ def _single_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn,
         tl.store(part_ptr + pid_k * N + rn, y, mask=n_ok)
 
 
-# A forced config (run/fold config=) is checked field by field (pq2verify.tiles), and its
+# A forced config (run/fold config=) is checked field by field (kernels.config), and its
 # splits must cover the groups with none empty.
-FIELDS = {"BN": tiles.pow2(1), "GC": tiles.pow2(1), "groups_per_split": tiles.integer(1),
-          "SPLIT": tiles.integer(1), "PREFETCH": tiles.flag, "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+FIELDS = {"BN": protocol.pow2(1), "GC": protocol.pow2(1), "groups_per_split": protocol.integer(1),
+          "SPLIT": protocol.integer(1), "PREFETCH": protocol.flag, "num_warps": protocol.WARPS, "num_stages": protocol.STAGES}
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
@@ -143,14 +143,14 @@ def _config(n: int, k: int, interpret: bool):
 
 
 def configs(interpret: bool) -> list[dict]:
-    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
-    return tiles.sweep("single", lambda n, k, m: config(n, k, m, interpret))
+    """Every distinct config config() picks for the interpreter or the GPU (kernels.config)."""
+    return protocol.sweep("single", lambda n, k, m: config(n, k, m, interpret))
 
 
 def _resolve(n, k, interpret, cfg) -> dict:
-    c = tiles.force("single", _config(n, k, common.INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
+    c = protocol.force("single", _config(n, k, common.INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
     if cfg is not None:
-        tiles.splits("single", k // 128, c["groups_per_split"], c["SPLIT"])
+        protocol.splits("single", k // 128, c["groups_per_split"], c["SPLIT"])
     return c
 
 
@@ -163,7 +163,7 @@ def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | N
 
 
 def run(x, w, *, out=None, dots=None, check=True, config=None):
-    out = validate.kernel_out("single", x, w, out, dots, check)
+    out = validate.kernel_out(__name__, x, w, out, dots, check)
     (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out

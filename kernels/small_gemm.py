@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from . import common, prepare, splitk
-from pq2verify import tiles, validate
+from kernels import config as protocol, validate
 
 
 @triton.jit
@@ -51,10 +51,10 @@ def _small_gemm_kernel(x_ptr, x_sm, x_sk, w_ptr, w_sn, w_sk, out_ptr, out_sm, ou
         tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=mask)
 
 
-# A forced config (run/fold config=) is checked field by field (pq2verify.tiles); its splits
+# A forced config (run/fold config=) is checked field by field (kernels.config); its splits
 # must cover K with none empty, and K per split be a multiple of BK.
-FIELDS = {"BN": tiles.pow2(16), "BK": tiles.pow2(16), "k_per_split": tiles.integer(1), "SPLIT": tiles.integer(1),
-          "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+FIELDS = {"BN": protocol.pow2(16), "BK": protocol.pow2(16), "k_per_split": protocol.integer(1), "SPLIT": protocol.integer(1),
+          "num_warps": protocol.WARPS, "num_stages": protocol.STAGES}
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
@@ -85,15 +85,15 @@ def _config(n: int, k: int, interpret: bool):
 
 
 def configs(interpret: bool) -> list[dict]:
-    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
-    return tiles.sweep("small_gemm", lambda n, k, m: config(n, k, m, interpret))
+    """Every distinct config config() picks for the interpreter or the GPU (kernels.config)."""
+    return protocol.sweep("small_gemm", lambda n, k, m: config(n, k, m, interpret))
 
 
 def _resolve(n, k, interpret, cfg) -> dict:
-    c = tiles.force("small_gemm", _config(n, k, common.INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
+    c = protocol.force("small_gemm", _config(n, k, common.INTERPRET if interpret is None else bool(interpret)), cfg, FIELDS)
     if cfg is not None:
-        tiles.multiple("small_gemm", "k_per_split", c["k_per_split"], "BK", c["BK"])
-        tiles.splits("small_gemm", k, c["k_per_split"], c["SPLIT"], "k_per_split", "columns of K")
+        protocol.multiple("small_gemm", "k_per_split", c["k_per_split"], "BK", c["BK"])
+        protocol.splits("small_gemm", k, c["k_per_split"], c["SPLIT"], "k_per_split", "columns of K")
     return c
 
 
@@ -105,7 +105,7 @@ def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | N
 
 
 def run(x, w, *, out=None, dots=None, check=True, config=None):
-    out = validate.kernel_out("small_gemm", x, w, out, dots, check)
+    out = validate.kernel_out(__name__, x, w, out, dots, check)
     (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out

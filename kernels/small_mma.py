@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from . import common, prepare, splitk
-from pq2verify import tiles, validate
+from kernels import config as protocol, validate
 
 # --- the kernel --------------------------------------------------------------------------
 @triton.jit
@@ -165,11 +165,11 @@ def _small_mma_kernel(q_ptr, q_sm, xs_ptr, xs_sm, t_ptr, t_sm,
                            out_ptr, m_off * out_sm + n_off * out_sn, SPLIT, INTERP)
 
 
-# A forced config (run/fold config=) is checked field by field (pq2verify.tiles); its splits
+# A forced config (run/fold config=) is checked field by field (kernels.config); its splits
 # must cover the groups with none empty, and groups per split be a multiple of UNROLL.
-FIELDS = {"BN": tiles.pow2(16), "groups_per_split": tiles.integer(1), "SPLIT": tiles.integer(1),
-          "SWAP": tiles.flag, "UNROLL": tiles.integer(1), "PDL": tiles.flag,
-          "num_warps": tiles.WARPS, "num_stages": tiles.STAGES}
+FIELDS = {"BN": protocol.pow2(16), "groups_per_split": protocol.integer(1), "SPLIT": protocol.integer(1),
+          "SWAP": protocol.flag, "UNROLL": protocol.integer(1), "PDL": protocol.flag,
+          "num_warps": protocol.WARPS, "num_stages": protocol.STAGES}
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
@@ -216,16 +216,16 @@ def m_bucket(m: int) -> int:
 
 
 def configs(interpret: bool) -> list[dict]:
-    """Every distinct config config() picks for the interpreter or the GPU (pq2verify.tiles)."""
-    return tiles.sweep("small_mma", lambda n, k, m: config(n, k, m, interpret))
+    """Every distinct config config() picks for the interpreter or the GPU (kernels.config)."""
+    return protocol.sweep("small_mma", lambda n, k, m: config(n, k, m, interpret))
 
 
 def _resolve(n, k, m, interpret, cfg) -> dict:
-    c = tiles.force("small_mma", _config(m_bucket(m), n, k, common.INTERPRET if interpret is None else bool(interpret)),
+    c = protocol.force("small_mma", _config(m_bucket(m), n, k, common.INTERPRET if interpret is None else bool(interpret)),
                     cfg, FIELDS)
     if cfg is not None:
-        tiles.multiple("small_mma", "groups_per_split", c["groups_per_split"], "UNROLL", c["UNROLL"])
-        tiles.splits("small_mma", k // 128, c["groups_per_split"], c["SPLIT"])
+        protocol.multiple("small_mma", "groups_per_split", c["groups_per_split"], "UNROLL", c["UNROLL"])
+        protocol.splits("small_mma", k // 128, c["groups_per_split"], c["SPLIT"])
     return c
 
 
@@ -237,7 +237,7 @@ def fold(n: int, k: int, m: int, interpret: bool | None = None, config: dict | N
 
 
 def run(x, w, *, out=None, dots=None, check=True, config=None):
-    out = validate.kernel_out("small_mma", x, w, out, dots, check)
+    out = validate.kernel_out(__name__, x, w, out, dots, check)
     (m, k), n = x.shape, out.shape[1]
     if m == 0:
         return out

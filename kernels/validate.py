@@ -1,4 +1,4 @@
-"""The bad-input contract, shared by pq2_matmul and the kernel wrappers.
+"""The bad-input contract at the table boundary, shared by pq2_matmul and the kernel wrappers.
 
 Every public entry point answers bad input with an exception that names the argument and what
 was expected, before any kernel runs. The checks read shapes, dtypes, strides and devices only
@@ -23,8 +23,8 @@ Policies (tested in tests/test_bad_input.py):
 """
 import torch
 
-from . import registry
-from .weights import ALIGN, BLOCK, PQ2Weight
+from . import table
+from .format import ALIGN, BLOCK, PQ2Weight
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -78,9 +78,9 @@ def weight(x, w, *, dense: bool | None = None) -> tuple[int, int]:
     raise TypeError(f"w: expected a PQ2Weight or a dense torch.Tensor, got {type(w).__name__}")
 
 
-def unfit(p: registry.Path, m: int, x, w) -> tuple[type, str] | None:
+def unfit(p: table.Entry, m: int, x, w) -> tuple[type, str] | None:
     """Why path p cannot serve this call (exception type, message after the path's name), or
-    None. The one reading of a registry entry's constraints: dispatch skips such paths, a
+    None. The one reading of a table entry's constraints: dispatch skips such paths, a
     forced path or a kernel wrapper raises."""
     kind = "dense" if isinstance(w, torch.Tensor) else "pq2"
     if p.weight != kind:
@@ -101,7 +101,7 @@ def unfit(p: registry.Path, m: int, x, w) -> tuple[type, str] | None:
     return None
 
 
-def path_fits(p: registry.Path, m: int, x, w, *, arg: str) -> None:
+def path_fits(p: table.Entry, m: int, x, w, *, arg: str) -> None:
     """Raise if path p cannot serve this call; `arg` names what chose it (path=..., or the wrapper)."""
     why = unfit(p, m, x, w)
     if why is not None:
@@ -134,22 +134,30 @@ def buffers(x, n: int, out=None, dots=None, *, groups: int | None = None, has_do
             raise ValueError(f"dots: on {dots.device} but x is on {x.device}")
 
 
-def kernel_out(path: str, x, w, out=None, dots=None, check: bool = True):
-    """What each kernel wrapper does first: its arguments checked (kernel_args; check=False where
+def kernel_out(kernel: str, x, w, out=None, dots=None, check: bool = True):
+    """What each kernel wrapper does first: `validate.kernel_out(__name__, x, w, out, dots,
+    check)`. Its arguments are checked against its table entry (kernel_args; check=False where
     pq2_matmul validated them already), then the output buffer: out, or a new [M, N] in x's
-    dtype."""
+    dtype. kernel: the wrapper's module name (or a path name)."""
     if check:
-        kernel_args(path, x, w, out, dots)
+        kernel_args(kernel, x, w, out, dots)
     if out is not None:
         return out
     n = w.shape[0] if isinstance(w, torch.Tensor) else w.n
     return torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
 
 
-def kernel_args(path: str, x, w, out=None, dots=None) -> None:
-    """What each kernel wrapper calls first: `validate.kernel_args("single", x, w, out, dots)`.
-    Wrappers do not copy: x must already have unit stride along K."""
-    p = registry.get(path)
+def entry(kernel: str) -> table.Entry:
+    """The table entry of a path name or of a kernel file's module name."""
+    return table.of_module(kernel) if "." in kernel else table.get(kernel)
+
+
+def kernel_args(kernel: str, x, w, out=None, dots=None) -> None:
+    """The bad-input contract of a kernel wrapper, read from its table entry (kernel: a path
+    name, or the wrapper's module name). Wrappers do not copy: x must already have unit
+    stride along K."""
+    p = entry(kernel)
+    path = p.name
     activations(x)
     n, k = weight(x, w, dense=p.weight == "dense")
     if x.shape[0] and x.stride(1) != 1:

@@ -401,12 +401,13 @@ def _emulated_dots(c: Call, w: PQ2Weight, cache: dict):
 def run_side(spec: dict, calls, weights, fault: Fault | None = None, log=None, cache=None) -> list[Out]:
     """Every call under kernel spec `spec` (with B's variant `fault`). cache: a dict shared by
     the runs of one replay (the emulation's dots)."""
-    from .gsm8k.runs import EnvSwitch, spec_env
+    from kernels import use
+    from .gsm8k.runs import run_spec
     outs, prev = [], {}
     cache = {} if cache is None else cache
     if fault is not None:
         fault.reset()
-    with EnvSwitch(spec_env(spec)):
+    with use(run_spec(spec)):
         for i, c in enumerate(calls):
             w = weights[c.layer] if fault is None else fault.weight(c.layer, weights[c.layer])
             y, path, dots, src, notes = _call(c.x, w, _emulated_dots(c, weights[c.layer], cache))
@@ -426,9 +427,10 @@ def resolve_paths(spec: dict, calls, weights) -> list[str]:
     """The path dispatch chooses under kernel spec `spec` for each call, from its shape, M,
     dtype, layout and device alone (dispatch.resolve, the function pq2_matmul calls), without
     running anything."""
-    from .gsm8k.runs import EnvSwitch, spec_env
+    from kernels import use
+    from .gsm8k.runs import run_spec
     out, seen = [], {}
-    with EnvSwitch(spec_env(spec)):
+    with use(run_spec(spec)):
         kset = dispatch.kernel_set()
         for c in calls:
             k = (c.layer, c.x.shape[0])

@@ -283,7 +283,11 @@ def test_spec_parsing_and_env():
     os.environ["PQ2_PATH_SINGLE"] = "off"
     try:
         with runs.EnvSwitch(runs.spec_env(s)):
-            assert "PQ2_PATH_SINGLE" not in os.environ and os.environ["PQ2_PATH_SMALL_MMA"] == "off"
+            # the run's own set and switch apply, not the shell's; os.environ is not touched
+            from pq2verify import dispatch
+            assert dispatch.kernel_set() == "tuned" and dispatch.switches() == {"small_mma": False}
+            assert os.environ["PQ2_PATH_SINGLE"] == "off" and "PQ2_PATH_SMALL_MMA" not in os.environ
+        assert dispatch.switches() == {"single": False}
         assert os.environ["PQ2_PATH_SINGLE"] == "off" and "PQ2_PATH_SMALL_MMA" not in os.environ
     finally:
         del os.environ["PQ2_PATH_SINGLE"]

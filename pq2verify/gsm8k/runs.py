@@ -17,6 +17,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from kernels.spec import KernelSpec, use
+
 from .. import kernelsets, registry
 
 ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
@@ -52,31 +54,42 @@ def spec_text(spec: dict) -> str:
 
 
 def spec_env(spec: dict) -> dict:
-    """The environment a run executes under: PQ2_KERNELS and only its own PQ2_PATH_* switches."""
+    """The environment a run's spec stands for: PQ2_KERNELS and only its own PQ2_PATH_* switches
+    (what the run's records and a worker's command line say; the run itself uses kernel_spec)."""
     env = {"PQ2_KERNELS": spec["set"]}
     env.update({registry.get(k).env: v for k, v in spec["paths"].items()})
     return env
 
 
+def kernel_spec(env: dict) -> KernelSpec:
+    """The KernelSpec of a run's environment (spec_env): its set and only its own switches;
+    PQ2_PATH_* variables inherited from the shell do not apply (they would silently apply to
+    both runs)."""
+    return KernelSpec.from_env(env)
+
+
+def run_spec(spec: dict) -> KernelSpec:
+    """The KernelSpec a parsed run spec ({'set', 'paths'}) runs under: `with use(run_spec(s)):`."""
+    return kernel_spec(spec_env(spec))
+
+
 class EnvSwitch:
-    """Set a run's PQ2_* variables for the duration of a block; other PQ2_PATH_* variables
-    inherited from the shell are removed meanwhile (they would silently apply to both runs)."""
+    """Run a block under a run's kernel spec (spec_env's environment, as a KernelSpec through
+    `kernels.use`): dispatch follows its set and its own switches alone; os.environ is not
+    touched."""
 
     def __init__(self, env: dict):
         self.env = env
-        self.saved = None
+        self.spec = kernel_spec(env)
+        self._use = None
 
     def __enter__(self):
-        self.saved = {k: v for k, v in os.environ.items() if k == "PQ2_KERNELS" or k.startswith("PQ2_PATH_")}
-        for k in self.saved:
-            del os.environ[k]
-        os.environ.update(self.env)
+        self._use = use(self.spec)
+        self._use.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for k in [k for k in os.environ if k == "PQ2_KERNELS" or k.startswith("PQ2_PATH_")]:
-            del os.environ[k]
-        os.environ.update(self.saved)
+        return self._use.__exit__(*exc)
 
 
 RECORD_FIELDS = {"tokens": list, "topk": list, "text": str, "correct": bool, "invalid": bool, "strict_invalid": bool}
