@@ -42,9 +42,9 @@ def to_f32(v, INTERP: tl.constexpr):
 # --- Q8 quantization -------------------------------------------------------------------
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm, zero_ptr, Z,
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm, zero_ptr, Z, stride_sg,
                      BU: tl.constexpr, PLANE: tl.constexpr, PDL: tl.constexpr, ZB: tl.constexpr,
-                     INTERP: tl.constexpr):
+                     BYG: tl.constexpr, INTERP: tl.constexpr):
     if PDL:
         # launched with programmatic dependent launch: let the consumer launch (it prefetches
         # its weights), then wait for the producer of x before reading it or writing anything
@@ -78,7 +78,11 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm, zero_ptr, Z,
         q = tl.permute(q, (0, 2, 1))   # element 4b+s goes to s*32+b
     dst = u.to(tl.int64)[:, None] * 128 + c[None, :]
     tl.store(q_ptr + dst, tl.reshape(q, (BU, 128)).to(tl.int8), mask=mask)
-    tl.store(s_ptr + u, scale, mask=umask)
+    if BYG:
+        # scales by group, [G, rows] at row stride stride_sg: mmq_wgmma's TMA box of one group
+        tl.store(s_ptr + (u - m * G).to(tl.int64) * stride_sg + m, scale, mask=umask)
+    else:
+        tl.store(s_ptr + u, scale, mask=umask)
     tl.store(t_ptr + u, t, mask=umask)
 
 
@@ -89,26 +93,33 @@ def _quantize_config(units):
     return min(triton.next_power_of_2(units), 8), 4         # 1024 values a program
 
 
-def quantize_q8(x, order="plain", pdl=False, zero=None):
+def quantize_q8(x, order="plain", pdl=False, zero=None, by_group=False, out=None):
     """Q8 with group 128 (SPEC §3): -> (q int8 [M,K], scales fp32 [M,G], sums int32 [M,G]).
     pdl: launch with programmatic dependent launch (CUDA only; see kernels/gemv.py).
-    zero: an int32 tensor the kernel also fills with zeros (a consumer's split-K counters)."""
+    zero: an int32 tensor the kernel also fills with zeros (a consumer's split-K counters).
+    by_group: scales as a [G, M] view of rows padded to 16 bytes (one group's scales of a tile
+    of tokens are one TMA box: mmq_wgmma). out: (q, scales, sums) buffers of those shapes to
+    write instead of new ones (a caller's workspace; the scales' row stride is kept)."""
     if order not in ("plain", "plane"):
         raise ValueError(f"order: expected 'plain' or 'plane', got {order!r}")
     m, k = x.shape
     g = k // GROUP
-    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    sc = torch.empty((m, g), dtype=torch.float32, device=x.device)
-    sums = torch.empty((m, g), dtype=torch.int32, device=x.device)
+    if out is not None:
+        q, sc, sums = out
+    else:
+        q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+        sc = (torch.empty((g, -(-m // 4) * 4), dtype=torch.float32, device=x.device)[:, :m] if by_group else
+              torch.empty((m, g), dtype=torch.float32, device=x.device))
+        sums = torch.empty((m, g), dtype=torch.int32, device=x.device)
     if m == 0 or g == 0:
         return q, sc, sums
     units = m * g
     bu, warps = _quantize_config(units)
     _quantize_kernel[(triton.cdiv(units, bu),)](
         x, q, sc, sums, units, g, x.stride(0), sums if zero is None else zero,
-        0 if zero is None else zero.numel(), BU=bu, PLANE=order == "plane", PDL=bool(pdl),
-        ZB=0 if zero is None or not zero.numel() else triton.next_power_of_2(zero.numel()),
-        INTERP=INTERPRET, num_warps=warps, launch_pdl=bool(pdl))
+        0 if zero is None else zero.numel(), sc.stride(0) if by_group else 0, BU=bu, PLANE=order == "plane",
+        PDL=bool(pdl), ZB=0 if zero is None or not zero.numel() else triton.next_power_of_2(zero.numel()),
+        BYG=bool(by_group), INTERP=INTERPRET, num_warps=warps, launch_pdl=bool(pdl))
     return q, sc, sums
 
 

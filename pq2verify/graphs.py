@@ -23,10 +23,13 @@ from .weights import PQ2Weight
 
 # Module-level caches of the launchers and the dispatch, classified: "scratch" buffers may hold
 # anything between calls (the checks fill them with NaN before calls), everything else found
-# by `module_caches` must hold no data pointer. A new tensor cache must be added here. None is
-# declared today: a module-level buffer is shared by every stream and graph, which raced under
-# concurrent replays; split-K partials come from the caching allocator per call (kernels.splitk).
-SCRATCH: dict[str, tuple] = {}
+# by `module_caches` must hold no data pointer. A new tensor cache must be added here. A buffer
+# shared by every stream and graph raced under concurrent replays, so a scratch cache must be
+# keyed by stream and bypassed inside a graph capture (PER_STREAM; tests/test_wgmma_plan.py holds
+# both, with a planted shared workspace raced for certain); split-K partials come from the
+# caching allocator per call (kernels.splitk).
+SCRATCH: dict[str, tuple] = {"kernels.mmq_wgmma": ("_workspace",)}
+PER_STREAM = {"kernels.mmq_wgmma": "_slot"}   # module -> its function giving the (device, stream) key
 
 
 def cache_modules() -> tuple[str, ...]:

@@ -135,7 +135,8 @@ def test_partials_are_never_shared_between_calls(device):
     dev = _dev(device)
     a, b = splitk.partials(dev, 4096), splitk.partials(dev, 4096)
     assert a.data_ptr() != b.data_ptr()
-    assert not graphs.SCRATCH, "a declared module-level scratch buffer is shared by every stream and graph"
+    # a declared scratch cache is keyed by stream (tests/test_wgmma_plan.py races it for certain)
+    assert set(graphs.SCRATCH) == set(graphs.PER_STREAM), "a declared scratch buffer shared by every stream"
 
 
 @pytest.mark.parametrize("kset", registry.KERNEL_SETS)
