@@ -210,13 +210,14 @@ def _references(p: registry.Path, x, w) -> dict:
         d["abs"] = np.abs(xc.double().numpy()) @ np.abs(wd).T
         return d
     wc = w.to("cpu")
-    d = {"dense": projection.floating(xc, wc)}
+    wb = dict(weight=wc.data, layout=wc.layout, n=wc.n, k=wc.k)   # the bytes: reference decodes them itself
+    d = {"dense": projection.floating(xc, **wb)}
     if p.arithmetic == "floating":
-        d["abs"] = np.abs(xc.double().numpy()) @ np.abs(pq2.decode(wc)).T
+        d["abs"] = np.abs(xc.double().numpy()) @ np.abs(pq2.decode(wc.data, layout=wc.layout, n=wc.n, k=wc.k)).T
         return d
-    d["quantized"] = projection.quantized(xc, wc)
+    d["quantized"] = projection.quantized(xc, **wb)
     qz = q8.quantize_q8(xc)
-    codes, ws = pq2.read(wc)
+    codes, ws = pq2.read(wc.data, layout=wc.layout, n=wc.n, k=wc.k)
     m, k = qz.q.shape
     g = k // 128
     dots = np.einsum("mgk,ngk->mng", qz.q.astype(np.int64).reshape(m, g, 128),
@@ -561,7 +562,8 @@ def _golden(ctx, kernel) -> list:
     out = []
     for o in golden.verify(ctx.g, ctx.device, paths=[ctx.p.name], ids=[ctx.entry["id"]], kernel=kernel):
         if o.status == "different":
-            out.append((o.check, o.message()))
+            f = verdicts.failure(o.check, o.message(), o.case.id)
+            out.append((f.check, f.message))
         elif not o.ok:        # an error, a damaged or missing capture: not a verdict on the kernel
             raise RuntimeError(f"golden: {o.message()}")
     return out
@@ -569,12 +571,14 @@ def _golden(ctx, kernel) -> list:
 
 def _inplace(ctx, kernel) -> list:
     (x, w), (x2, w2) = ctx.graph_inputs(1), ctx.graph_inputs(2)
-    return [(verdicts.INPLACE, f) for f in graphs.check_inplace_update(graphs.kernel_fn(ctx.p, kernel), x, w, x2, w2)]
+    found = graphs.check_inplace_update(graphs.kernel_fn(ctx.p, kernel), x, w, x2, w2)
+    return [(f.check, f.message) for f in (verdicts.failure(verdicts.INPLACE, m, ctx.case.id) for m in found)]
 
 
 def _graph(ctx, kernel) -> list:
     (x, w), (x2, w2) = ctx.graph_inputs(1), ctx.graph_inputs(2)
-    return [(verdicts.GRAPH, f) for f in graphs.check_graph_mutation(graphs.path_call(ctx.p, x, w, kernel=kernel), x2, w2)]
+    found = graphs.check_graph_mutation(graphs.path_call(ctx.p, x, w, kernel=kernel), x2, w2)
+    return [(f.check, f.message) for f in (verdicts.failure(verdicts.GRAPH, m, ctx.case.id) for m in found)]
 
 
 DETECTORS = (("evaluate", _evaluate), ("fold", _fold), ("golden", _golden), ("in-place", _inplace),
