@@ -109,7 +109,7 @@ def record(key: str) -> dict:
         st = f.stat()
     except FileNotFoundError:
         return {}
-    stamp = (str(f), st.st_mtime_ns, st.st_size)
+    stamp = f"{f} {st.st_mtime_ns} {st.st_size}"   # a string: an mtime in ns looks like an address
     if _records.get(key, (None,))[0] != stamp:
         _records[key] = (stamp, json.loads(f.read_text()))
     return _records[key][1]
