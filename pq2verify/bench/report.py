@@ -506,8 +506,11 @@ def summary_lines(res: dict) -> list:
 
 # --- Markdown -------------------------------------------------------------------------------------
 def _md_table(cols, rows) -> list:
-    esc = [[str(c).replace("|", "\\|") for c in r] for r in rows]
-    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(r) + " |" for r in esc]
+    """The report's table model (report.table) as Markdown; a BLOCKED or ERROR cell highlighted."""
+    from ..report.table import Cell, Table
+    t = Table(tuple(cols))
+    t.rows = [([Cell(str(c), bad=str(c).startswith(("BLOCKED", "ERROR"))) for c in r], "") for r in rows]
+    return t.markdown()
 
 
 def _side_clock_rows(res: dict) -> list:
