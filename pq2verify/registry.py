@@ -5,50 +5,13 @@ from it; adding a path is one kernel file, its table entry and its claims here."
 import sys
 from dataclasses import dataclass, fields
 
-import numpy as np
-import torch
-
 from kernels import config, table
 
-# Unit roundoff of each output dtype: the output rounding alone bounds the elementwise relative
-# error by u, so ||y - ref|| <= u * ||ref|| plus the FP32 fold error (~1e-6).
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
-FP32_FOLD = 1e-5
-
-# Q8 group-128 activation error budget against the dense FP64 reference (SPEC §7: mean 0.0054,
-# up to 0.0087 on real projections; earlier work gated at 0.03). Our generated inputs include
-# heavy tails and outlier channels, which sit near the top of that range.
-Q8_BUDGET = 0.03
-
-
-def q8_allowance(quantized, dense, tol_q: float) -> tuple[float, float]:
-    """(e_q, bound): the exact Q8 arithmetic's own relative RMS against the dense FP64 reference,
-    and the least dense bound an output within tol_q of the quantized reference meets by the
-    triangle inequality, e_q + tol_q * |Q| / |D|. Where generated or real inputs alone exceed
-    Q8_BUDGET (outlier channels reach 0.031-0.037), the dense check of an integer path uses this
-    bound, so it judges the kernel and not the input (every integer path, legacy included, would
-    fail the budget there)."""
-    from reference import metrics
-    e_q = metrics.relative_rms(quantized, dense)
-    nd = float(np.linalg.norm(dense))
-    return e_q, (e_q + tol_q * float(np.linalg.norm(quantized)) / nd if nd else 0.0)
-
-# Per-element bound (checks.evaluate, "rms" check): with Y the path's FP64 reference and S the
-# same sum over absolute terms, each output y must satisfy |y - Y| <= F + spacing(|Y| + F) / 2:
-# the FP32 accumulation may land anywhere within F of Y, and the one rounding to the output dtype
-# adds at most half the spacing there. F = FOLD_UNIT * (terms + 2) * S, plus (terms + 2) * 2^-126
-# for FP32 underflow or flush-to-zero. Why each arithmetic's F is an upper bound:
-FOLD_UNIT = {"integer": 2.0 ** -24, "floating": 2.0 ** -23}
-FOLD_REASON = {
-    "integer": "terms = G groups. The int32 group dot is exact and exact in FP32 (|dot| <= 127*128 "
-               "< 2^24); dot*xs*ws takes two FP32 roundings (u = 2^-24 each) and G such terms summed "
-               "in any order, split-K included, add at most (G-1)u*S; the +2 (not +1) covers second-"
-               "order terms and the FP64 reference's own rounding (G*2^-53*S)",
-    "floating": "terms = K. A bf16/fp16 activation times a bf16/fp16 (or fp16 scale times -1/0/+1) "
-                "weight has at most 22 significant bits, so each product is exact in FP32; K of "
-                "them summed in any order add at most (K-1)u*S. Tensor-core accumulation may "
-                "truncate instead of rounding to nearest, so u is taken as 2^-23, not 2^-24",
-}
+# The bounds behind these claims, each with its reason, live in pq2verify.numerics (one home;
+# docs/NUMERICS.md); the names stay readable here.
+from .numerics import (FOLD_REASON, FOLD_UNIT, FP32_FOLD, Q8_BUDGET, UNIT_ROUNDOFF,  # noqa: E402,F401
+                       q8_allowance)
+from . import numerics  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -73,29 +36,19 @@ class Path(table.Entry):
     elem_reason: str = ""
 
     def tolerance(self, dtype, against: str) -> float:
-        """Relative-RMS bound against the 'quantized' or 'dense' FP64 reference."""
-        out = UNIT_ROUNDOFF[dtype] + FP32_FOLD
-        if against == "dense" and self.arithmetic == "integer":
-            return Q8_BUDGET
-        return out
+        """Relative-RMS bound against the 'quantized' or 'dense' FP64 reference (numerics.tolerance)."""
+        return numerics.tolerance(self, dtype, against)
 
     def fold_allowance(self, terms: int, abs_sum):
-        """F of the per-element bound (see FOLD_UNIT) for sums of `terms` terms whose absolute
-        values sum to abs_sum (float64 array)."""
-        return self.elem_factor * (FOLD_UNIT[self.arithmetic] * (terms + 2) * abs_sum + (terms + 2) * 2.0 ** -126)
+        """F of the per-element bound for sums of `terms` terms (numerics.fold_allowance)."""
+        return numerics.fold_allowance(self, terms, abs_sum)
 
     def element_bound(self, k: int, abs_sum, ref, dtype):
-        """(bound, F, half): each output y of this path on K = k must satisfy |y - ref| <= bound
-        = F + half, half = spacing(|ref| + F) / 2 in `dtype` (the one rounding adds at most half
-        a spacing)."""
-        from reference import metrics
-        f = self.fold_allowance(k // 128 if self.arithmetic == "integer" else k, abs_sum)
-        half = metrics.spacing(np.abs(ref) + f, dtype) / 2
-        return f + half, f, half
+        """(bound, F, half) of the per-element bound on K = k (numerics.element_bound)."""
+        return numerics.element_bound(self, k, abs_sum, ref, dtype)
 
     def elem_bound_reason(self) -> str:
-        why = FOLD_REASON[self.arithmetic]
-        return why if self.elem_factor == 1.0 else f"{why}; scaled by {self.elem_factor}: {self.elem_reason}"
+        return numerics.elem_bound_reason(self)
 
 
 _OUT = "output rounding to the activation dtype (u = 2^-8 bf16, 2^-11 fp16) plus the FP32 fold"
