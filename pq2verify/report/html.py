@@ -2,6 +2,7 @@
 with its styles and images inline, readable offline and attachable to a CI run as it is."""
 import base64
 import html
+import re
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:110em;color:#222}
@@ -65,28 +66,80 @@ def image(png: bytes, alt: str) -> str:
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+_CODE = re.compile(r"`([^`]+)`")
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+_CELL = re.compile(r"(?<!\\)\|")
+
+
+def inline(text: str) -> str:
+    """Markdown's inline marks our reports write, as HTML: `code`, **bold**, ![alt](file) (a
+    link to the file beside the page); everything else escaped."""
+    out, last = [], 0
+    for m in _CODE.finditer(text):             # code first: nothing inside it is markup
+        out.append(_marks(text[last:m.start()]) + f"<code>{esc(m.group(1))}</code>")
+        last = m.end()
+    return "".join(out) + _marks(text[last:])
+
+
+def _marks(text: str) -> str:
+    t = esc(text)
+    t = _IMAGE.sub(lambda m: f'<a href="{m.group(2)}">{m.group(1) or m.group(2)}</a>', t)
+    return _BOLD.sub(lambda m: f"<b>{m.group(1)}</b>", t)
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip().replace("\\|", "|") for c in _CELL.split(row.strip().strip("|"))]
+
+
 def from_markdown(md: str) -> str:
-    """The subset of Markdown our reports write: headings, tables, bullet lines, paragraphs."""
-    out, rows = [], []
+    """The Markdown our reports write, as HTML: headings, tables, bullet lists, fenced code,
+    paragraphs, and the inline marks of `inline`."""
+    out, rows, items, fence = [], [], [], None
 
     def flush():
         if rows:
-            cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows
-                     if not set(r.replace("|", "").strip()) <= set("-: ")]
-            out.append(table(cells[0], cells[1:]))
+            cells = [_cells(r) for r in rows if not set(r.replace("|", "").strip()) <= set("-: ")]
+            head = "".join(f"<th>{inline(c)}</th>" for c in cells[0])
+            body = "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in cells[1:])
+            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
             rows.clear()
+        if items:
+            out.append("<ul>" + "".join(f"<li>{inline(i)}</li>" for i in items) + "</ul>")
+            items.clear()
     for line in md.splitlines():
+        if fence is not None:
+            if line.strip().startswith("```"):
+                out.append(pre("\n".join(fence)))
+                fence = None
+            else:
+                fence.append(line.strip())
+            continue
+        if line.strip().startswith("```"):
+            flush()
+            fence = []
+            continue
         if line.lstrip().startswith("|"):
+            if items:
+                flush()
             rows.append(line)
+            continue
+        if rows:
+            flush()
+        text = line.strip()
+        if text.startswith("- ") and not text[2:].startswith("WARNING:"):
+            items.append(text[2:])
             continue
         flush()
         if line.startswith("#"):
             level = min(len(line) - len(line.lstrip("#")) + 1, 4)
-            out.append(f"<h{level}>{esc(line.lstrip('#').strip())}</h{level}>")
-        elif line.strip().lstrip("- ").startswith("WARNING:"):
-            out.append(warning(line.strip().lstrip("- ")))      # provenance.markdown_lines' backend line
-        elif line.strip():
-            out.append(f"<p>{esc(line.strip())}</p>")
+            out.append(f"<h{level}>{inline(line.lstrip('#').strip())}</h{level}>")
+        elif text.lstrip("- ").startswith("WARNING:"):
+            out.append(warning(text.lstrip("- ")))      # provenance.markdown_lines' backend line
+        elif text:
+            out.append(f"<p>{inline(text)}</p>")
+    if fence is not None:
+        out.append(pre("\n".join(fence)))
     flush()
     return "\n".join(out)
 
