@@ -737,16 +737,18 @@ def run(args) -> int:
 
 
 MAX_MAPS = 8      # error maps drawn per run: the first failures (each reruns its case once)
+# the checks whose failure an error map shows (the others fail on calls other than the judged one)
+MAPPED = ("rms quantized", "rms dense", "per-element", "written")
 
 
 def error_maps(failed: list, dev, report: str) -> tuple[dict, list]:
     """({case id: PNG of its error map (report.errormap)}, [maps that could not be written]):
-    written beside `report` as <report stem>.<case>.png, for the first MAX_MAPS failed cases. A
-    map that cannot be drawn (the case raised) is left out with a warning."""
+    written beside `report` as <report stem>.<case>.png, for the first MAX_MAPS cases that failed
+    a check the map shows (MAPPED). A map that cannot be drawn is left out with a warning."""
     from .report import errormap
     out, unwritten = {}, []
     stem = os.path.splitext(report)[0]
-    for r in failed[:MAX_MAPS]:
+    for r in [r for r in failed if set(r.failed) & set(MAPPED)][:MAX_MAPS]:
         png = f"{stem}.{errormap.slug(r.case.id)}.png"
         try:
             errormap.write(errormap.of_case(r.case, dev), png)

@@ -65,3 +65,21 @@ def test_the_picture_is_hot_exactly_over_the_block(planted, tmp_path):
     import matplotlib.image
     got = matplotlib.image.imread(png)
     assert got.shape[:2] == img.shape[:2] and _red(got[rows, int(px(lo)) + 3:int(px(hi)) - 3, :3]).mean() > 0.95
+
+
+def test_on_sampled_columns_the_boundaries_fall_between_the_samples():
+    """Large N: the engine compares sampled columns only; the map keeps them in order of n and
+    puts a tile boundary between the two samples on either side of it."""
+    n, k, m = 1000, 384, 17
+    rng = np.random.default_rng(0)
+    cols = np.concatenate([[0, n - 1], rng.choice(np.arange(1, n - 1), 254, replace=False)])
+    bn = errormap.tiles("mmq", n, k, m, interpret=True)[3]["BN"]
+    ref = rng.standard_normal((m, cols.size))
+    bound = np.full_like(ref, 1e-2)
+    y = ref + np.where((cols >= bn) & (cols < 2 * bn), 0.5, 0.0)        # the second column tile wrong
+    em = errormap.from_arrays("x", "mmq", y, ref, bound, cols, n, k, interpret=True)
+    assert (np.diff(em.cols) > 0).all() and em.ratio.shape == (m, cols.size)
+    hot = np.flatnonzero((em.ratio > 1).any(0))
+    assert ((em.cols[hot] >= bn) & (em.cols[hot] < 2 * bn)).all() and hot.size == ((cols >= bn) & (cols < 2 * bn)).sum()
+    assert hot[0] in em.col_tiles and hot[-1] + 1 in em.col_tiles
+    assert [int(em.cols[i] // bn) for i in em.col_tiles] == list(range(1, -(-n // bn)))

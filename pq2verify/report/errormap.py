@@ -7,16 +7,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NOT_SAMPLED = np.nan      # columns the engine did not compare (large N: sampled rows only)
-
 
 @dataclass
 class ErrorMap:
     case: str
     path: str
-    ratio: np.ndarray         # float64 [M, N]: |y - ref| / bound; inf where y is not finite; NaN: not sampled
+    ratio: np.ndarray         # float64 [M, C]: |y - ref| / bound; inf where y is not finite
+    cols: np.ndarray          # the output column n of each of the C map columns (all N, or the sampled ones)
     row_tiles: list           # row indices where a tile of rows begins (after 0)
-    col_tiles: list           # column indices where a tile of columns begins (after 0)
+    col_tiles: list           # map column indices where a tile of output columns begins (after 0)
     split: str                # the kernel's split-K, in words ('' for none)
     config: dict
 
@@ -47,15 +46,20 @@ def tiles(path: str, n: int, k: int, m: int, interpret: bool) -> tuple[list, lis
 def from_arrays(case: str, path: str, y: np.ndarray, ref: np.ndarray, bound: np.ndarray, cols, n: int,
                 k: int, interpret: bool) -> ErrorMap:
     """y: the kernel's outputs at the compared columns `cols` [M, len(cols)], ref and bound the
-    same shape (the engine's FP64 reference and per-element bound)."""
+    same shape (the engine's FP64 reference and per-element bound). The map has one column per
+    compared output column, in order of n: every column when the engine compares all N, the
+    sampled ones on large shapes (a tile boundary then falls between two sampled columns)."""
     y, ref, bound = (np.asarray(a, dtype=np.float64) for a in (y, ref, bound))
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.where(np.isfinite(y), np.abs(y - ref) / bound, np.inf)
+    cols = np.asarray(cols)
+    order = np.argsort(cols, kind="stable")
+    cols, r = cols[order], r[:, order]
     m = y.shape[0]
-    full = np.full((m, n), NOT_SAMPLED)
-    full[:, np.asarray(cols)] = r
     rt, ct, split, cfg = tiles(path, n, k, m, interpret)
-    return ErrorMap(case, path, full, rt, ct, split, cfg)
+    bn = cfg.get("BN")
+    ct = [int(i) for i in range(1, len(cols)) if cols[i] // bn != cols[i - 1] // bn] if bn else []
+    return ErrorMap(case, path, r, cols, rt, ct, split, cfg)
 
 
 def of_case(c, device, kernel=None) -> ErrorMap:
@@ -73,14 +77,13 @@ def of_case(c, device, kernel=None) -> ErrorMap:
 
 
 def colours(ratio: np.ndarray) -> np.ndarray:
-    """RGBA float [M, N, 4]: within the bound a blue whose depth is the share of it used (white
-    at 0), outside it red (deeper the further out, saturating at 10x), not finite magenta, not
-    sampled light grey."""
+    """RGBA float [M, C, 4]: within the bound a blue whose depth is the share of it used (white
+    at 0), outside it red (deeper the further out, saturating at 10x), a non-finite output or
+    a NaN reference (outside, as the engine counts it) magenta."""
     out = np.ones(ratio.shape + (4,))
-    sampled = ~np.isnan(ratio)
-    inside = sampled & (ratio <= 1.0)
-    outside = sampled & (ratio > 1.0) & np.isfinite(ratio)
-    nonfinite = sampled & ~np.isfinite(ratio)
+    inside = ratio <= 1.0
+    outside = (ratio > 1.0) & np.isfinite(ratio)
+    nonfinite = ~np.isfinite(ratio)
     t = np.clip(np.where(inside, ratio, 0.0), 0, 1)
     out[inside, 0] = 1 - 0.75 * t[inside]
     out[inside, 1] = 1 - 0.55 * t[inside]
@@ -90,13 +93,12 @@ def colours(ratio: np.ndarray) -> np.ndarray:
     out[outside, 1] = 0.25 * (1 - s[outside])
     out[outside, 2] = 0.25 * (1 - s[outside])
     out[nonfinite, :3] = (0.85, 0.0, 0.85)
-    out[~sampled, :3] = 0.88
     return out
 
 
 def figure(em: ErrorMap):
-    """The matplotlib Figure of the map: pixel (i, j) is output y[i, j]; dashed lines at tile
-    boundaries. The caller saves or draws it."""
+    """The matplotlib Figure of the map: cell (i, j) is output y[i, cols[j]]; dashed lines at
+    tile boundaries. The caller saves or draws it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     m, n = em.ratio.shape
@@ -109,12 +111,19 @@ def figure(em: ErrorMap):
     for r in em.row_tiles:
         ax.axhline(r, color="black", lw=0.8, ls="--")
     finite = em.ratio[np.isfinite(em.ratio)]
-    out = int(np.sum(~(em.ratio[~np.isnan(em.ratio)] <= 1.0)))
+    out = int(np.sum(~(em.ratio <= 1.0)))
     tiles_ = ", ".join(f"{f}={em.config[f]}" for f in ("BM", "BN") if f in em.config) or "no tiles"
     ax.set_title(f"{em.path}: |y - ref| / bound (red: outside, {out} outputs; worst "
                  f"{finite.max() if finite.size else 0:.3g}x)\ntiles {tiles_}"
                  + (f"; {em.split}" if em.split else ""), fontsize=8)
-    ax.set_xlabel("output column n")
+    if len(em.cols) and not np.array_equal(em.cols, np.arange(len(em.cols))):
+        ticks = np.linspace(0, len(em.cols) - 1, min(8, len(em.cols))).astype(int)
+        ax.set_xticks(ticks + 0.5, [str(int(em.cols[t])) for t in ticks])
+        ax.set_xlabel(f"output column n ({len(em.cols)} sampled columns, in order)")
+    else:
+        ax.set_xlabel("output column n")
+    if m <= 24:
+        ax.set_yticks(np.arange(m) + 0.5, [str(i) for i in range(m)])
     ax.set_ylabel("row m")
     fig.tight_layout()
     return fig
