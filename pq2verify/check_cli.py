@@ -183,14 +183,16 @@ def case_table(results: list[dict], maps: dict | None = None):
     return t
 
 
-def failure_lines(results: list[dict]) -> list[str]:
-    """Each failed case: its id, what failed (the engine's messages), and the command, alone on
-    its line, that reruns it."""
+def failure_lines(results: list[dict], maps: dict | None = None) -> list[str]:
+    """Each failed case: its id, what failed (the engine's messages), the command, alone on its
+    line, that reruns it, and its error map where one was drawn (maps: case id -> file name)."""
     out = []
     for r in results:
         if not r["ok"]:
             out += [f"- **{r['case']}** ({', '.join(_failed(r))}): " + "; ".join(r["failures"]), "",
                     "  ```", f"  {r['repro']}", "  ```", ""]
+            if (maps or {}).get(r["case"]):
+                out += [f"  ![error map of {r['case']}]({maps[r['case']]})", ""]
     return out
 
 
@@ -241,9 +243,7 @@ def markdown(results: list[dict], prov: list[dict], note: str = "", problems=(),
     lines += ([note] if note else []) + [""]
     lines += summary(results) + [""]
     if n_ok < len(results):
-        lines += ["## Failures", ""] + failure_lines(worst_first(results))
-        for case, name in (maps or {}).items():
-            lines += [f"![error map of {case}]({name})", ""]
+        lines += ["## Failures", ""] + failure_lines(worst_first(results), maps)
     lines += case_table(results).markdown()
     return "\n".join(lines) + "\n"
 
