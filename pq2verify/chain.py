@@ -145,7 +145,7 @@ def _silu64(v):
 def folded_down(w2, ch: Chain) -> np.ndarray:
     """W' [N, I]: the down weight decoded in FP64 with its T digit slices summed."""
     from reference import pq2
-    d = pq2.decode(w2.to("cpu")).astype(np.float64)
+    d = pq2.decode(w2.data.cpu(), layout=w2.layout, n=w2.n, k=w2.k).astype(np.float64)
     return d.reshape(w2.n, ch.digits, -1).sum(1)[:, :ch.inter]
 
 

@@ -120,7 +120,7 @@ def _reference(c: Case, dense: bool, which: str, device: str):
         return projection.dense(x, w[rows.to(w.device)].cpu())
     w = w.to("cpu")
     fn = {"quantized": projection.quantized, "dots": projection.group_dots, "dense": projection.floating}[which]
-    return fn(x, w, rows=rows.numpy())
+    return fn(x, w.data, layout=w.layout, n=w.n, k=w.k, rows=rows.numpy())
 
 
 class Inputs:
@@ -222,11 +222,13 @@ def _abs_sum(p: registry.Path, inp) -> np.ndarray:
         if inp.dense:
             s = projection.dense(inp.x.abs().cpu(), inp.w[rows.to(inp.w.device)].abs().cpu())
         elif which == "dense":
-            s = projection.dense(inp.x.abs().cpu(), np.abs(pq2.decode(inp.w, rows=rows.numpy())))
+            s = projection.dense(inp.x.abs().cpu(), np.abs(pq2.decode(inp.w.data, layout=inp.w.layout, n=inp.w.n,
+                                                                      k=inp.w.k, rows=rows.numpy())))
         else:   # sum_g |dot_g| * xs_g * |ws_g|, from the exact group dots
             dots = inp.group_dots()
             xs = q8.quantize_q8(inp.x).scales.astype(np.float64)
-            ws = np.abs(pq2.read(inp.w, rows=rows.numpy())[1].astype(np.float64))
+            ws = np.abs(pq2.read(inp.w.data, layout=inp.w.layout, n=inp.w.n, k=inp.w.k,
+                                 rows=rows.numpy())[1].astype(np.float64))
             s = np.zeros(dots.shape[:2])
             for g in range(dots.shape[2]):
                 s += np.abs(dots[:, :, g]) * xs[:, g, None] * ws[None, :, g]
@@ -283,7 +285,8 @@ def _nan(r: Result, c: Case, p, inp, y, kernel, guards) -> None:
     rows = inp.rows
     xi = xn[i:i + 1].cpu()
     ref = (projection.dense(xi, inp.w[rows.to(inp.w.device)].cpu()) if inp.dense
-           else projection.floating(xi, inp.w, rows=rows.numpy()))[0]
+           else projection.floating(xi, inp.w.data, layout=inp.w.layout, n=inp.w.n, k=inp.w.k,
+                                    rows=rows.numpy()))[0]
     got = torch.isnan(y2[i, rows.to(y2.device)]).cpu().numpy()
     wrong = np.flatnonzero(got != np.isnan(ref))
     others = [v for v in range(m) if v != i]

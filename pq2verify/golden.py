@@ -367,7 +367,8 @@ def numerics_failure(c: checks.Case, x: torch.Tensor, w, y: torch.Tensor) -> "ve
     else:
         wc = w.to("cpu")
         which = "quantized" if p.reference == "quantized" else "dense"
-        refs = {"quantized": lambda: projection.quantized(x, wc), "dense": lambda: projection.floating(x, wc)}
+        wb = dict(weight=wc.data, layout=wc.layout, n=wc.n, k=wc.k)   # the bytes: reference decodes them itself
+        refs = {"quantized": lambda: projection.quantized(x, **wb), "dense": lambda: projection.floating(x, **wb)}
     (v,) = verdicts.rms(p, y.double().numpy(), lambda r: refs[r](), checks.DTYPES[c.dtype], only=(which,))
     if v.ok:
         return None

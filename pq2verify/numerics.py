@@ -126,7 +126,7 @@ def cross_isa_bound(p, k: int, x: torch.Tensor, w, y: torch.Tensor, want: torch.
     """float64 [M, N]: how far two FP32 folds of a floating path's case on the CPU, in any
     orders, each rounded once to the output dtype, can lie apart (CROSS_ISA_REASON)."""
     from reference import metrics, pq2, projection, to_float64
-    w_dec = w.cpu() if p.weight == "dense" else pq2.decode(w)
+    w_dec = w.cpu() if p.weight == "dense" else pq2.decode(w.data, layout=w.layout, n=w.n, k=w.k)
     s = projection.dense(x.abs(), np.abs(to_float64(w_dec)))
     f = (k + 2) * (CPU_FP32_U * s + FP32_TINY)
     mag = np.maximum(np.abs(to_float64(y)), np.abs(to_float64(want)))

@@ -152,13 +152,14 @@ class References:
         if name not in self._c:
             from reference import pq2, projection, q8
             w = self.weights[name].to("cpu")
+            wb = dict(weight=w.data, layout=w.layout, n=w.n, k=w.k)   # the bytes: reference decodes them itself
             keys = self.rows[name]
             x = torch.cat([self.x[k].cpu() for k in keys])
-            dots = projection.group_dots(x, w)
+            dots = projection.group_dots(x, **wb)
             xs = q8.quantize_q8(x).scales.astype(np.float64)
-            ws = np.abs(pq2.read(w)[1].astype(np.float64))
+            ws = np.abs(pq2.read(w.data, layout=w.layout, n=w.n, k=w.k)[1].astype(np.float64))
             abs_q = np.einsum("mng,mg,ng->mn", np.abs(dots).astype(np.float64), xs, ws)
-            self._c[name] = dict(x=x, w=w, quantized=projection.quantized(x, w), dense=projection.floating(x, w),
+            self._c[name] = dict(x=x, w=w, quantized=projection.quantized(x, **wb), dense=projection.floating(x, **wb),
                                  dots=dots, abs_integer=abs_q)
         return self._c[name]
 
@@ -167,7 +168,8 @@ class References:
         d = self._weight(c.layer)
         if what == "abs_floating" and what not in d:
             from reference import pq2, projection
-            d[what] = projection.dense(d["x"].abs(), np.abs(pq2.decode(d["w"])))
+            w = d["w"]
+            d[what] = projection.dense(d["x"].abs(), np.abs(pq2.decode(w.data, layout=w.layout, n=w.n, k=w.k)))
         start = sum(self.x[k].shape[0] for k in self.rows[c.layer][:self.rows[c.layer].index(c.key)])
         return d[what][start:start + c.x.shape[0]]
 

@@ -5,11 +5,13 @@ bytes 2-33 the codes; weight 4*b + s of the block is ((byte[b] >> 2s) & 3) - 1, 
 Raw layout: uint8 [N, K/128*34]. Prepared layout: one flat uint8 buffer, the code plane
 [N, K/4] (each row's code bytes, blocks in order) then the scale plane [N, K/128] fp16.
 
-Everything here works on bytes (numpy or torch, any device) and returns numpy.
+Everything here works on bytes (numpy or torch, any device) and returns numpy. It imports
+nothing of the runtime (kernels/) or the suite: it is the oracle the runtime's own decoding is
+checked against, so it takes the packed bytes and the layout facts (layout=, n=, k=) as plain
+values, never the runtime's weight class. A runtime weight `w` is passed as
+`w.data, layout=w.layout, n=w.n, k=w.k`.
 """
 import numpy as np
-
-from pq2verify.weights import PQ2FormatError, PQ2Weight
 
 from . import to_numpy
 
@@ -17,6 +19,11 @@ BLOCK = 128          # weights per block
 BLOCK_BYTES = 34     # 2 scale bytes + 32 code bytes
 CODE_BYTES = 32
 _SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
+
+
+class PQ2FormatError(ValueError):
+    """Bytes that are not valid PQ2_0 (dtype, rank, byte count, K, code 3, non-finite scale).
+    The reference's own class (the runtime has another of the same name); both are ValueErrors."""
 
 __all__ = ["BLOCK", "BLOCK_BYTES", "PQ2FormatError", "encode", "decode", "read", "validate",
            "raw_to_prepared", "prepared_to_raw", "split_raw", "split_prepared",
@@ -43,12 +50,15 @@ def _dtype_name(a) -> str:
 
 
 def _as_array(w):
-    """Unwrap a PQ2Weight; leave torch tensors where they are (they may be large, on a GPU)."""
-    if isinstance(w, PQ2Weight):
-        return w.data, w.layout, w.n, w.k
-    if not hasattr(w, "dtype") or not hasattr(w, "shape"):
-        w = np.asarray(w)
-    return w, None, None, None
+    """The bytes as given: a numpy array or torch tensor (left where it is: it may be large, on
+    a GPU), or anything numpy reads as an array. An object that is neither (such as the
+    runtime's weight class) is refused: the reference reads bytes, not another decoder's view."""
+    if hasattr(w, "dtype") and hasattr(w, "shape"):
+        return w
+    if hasattr(w, "data") and hasattr(w, "layout"):
+        raise TypeError(f"weight: expected the packed bytes (a uint8 numpy array or torch tensor), got "
+                        f"{type(w).__name__}; pass w.data, layout=w.layout, n=w.n, k=w.k")
+    return np.asarray(w)
 
 
 def _check_shape(a, layout, n, k):
@@ -145,11 +155,9 @@ def _check_values(codes, scales, idx):
 # --- public ---------------------------------------------------------------------------------
 def read(w, *, layout="raw", n=None, k=None, rows=None):
     """Validated (codes uint8 [R, K] in {0,1,2}, scales float16 [R, G]) of the rows `rows`
-    (all rows when None), from a raw matrix, a prepared flat buffer (n=, k=) or a PQ2Weight.
+    (all rows when None), from a raw matrix or a prepared flat buffer (n=, k=).
     Only the rows read are checked for code 3 and non-finite scales."""
-    a, wl, wn, wk = _as_array(w)
-    if wl is not None:
-        layout, n, k = wl, wn, wk
+    a = _as_array(w)
     n, k = _check_shape(a, layout, n, k)
     idx = _row_index(rows, n)
     cb, scales = _byte_planes(a, layout, n, k, idx)
@@ -208,7 +216,7 @@ def encode(codes, scales) -> np.ndarray:
 def split_raw(raw):
     """raw [N, K/128*34] -> (codes uint8 [N, K] in 0..3, scales float16 [N, G]).
     Checks structure only (it is how one looks at a bad weight)."""
-    a, _, _, _ = _as_array(raw)
+    a = _as_array(raw)
     n, k = _check_shape(a, "raw", None, None)
     cb, scales = _byte_planes(a, "raw", n, k, None)
     return unpack_codes(cb), scales
@@ -216,14 +224,14 @@ def split_raw(raw):
 
 def split_prepared(flat, n, k):
     """prepared flat -> (code plane uint8 [N, K/4], scale plane float16 [N, G]). Structure only."""
-    a, _, _, _ = _as_array(flat)
+    a = _as_array(flat)
     n, k = _check_shape(a, "prepared", n, k)
     return _byte_planes(a, "prepared", n, k, None)
 
 
 def raw_to_prepared(raw) -> np.ndarray:
     """raw [N, RS] -> ONE flat uint8 buffer [N*RS]: code plane [N, K/4], then scales [N, G] fp16."""
-    a, _, _, _ = _as_array(raw)
+    a = _as_array(raw)
     n, k = _check_shape(a, "raw", None, None)
     cb, scales = _byte_planes(a, "raw", n, k, None)
     return np.concatenate([cb.reshape(-1), scales.astype("<f2").view(np.uint8).reshape(-1)])
@@ -231,7 +239,7 @@ def raw_to_prepared(raw) -> np.ndarray:
 
 def prepared_to_raw(flat, n, k) -> np.ndarray:
     """prepared flat buffer -> raw uint8 [N, K/128*34]."""
-    a, _, _, _ = _as_array(flat)
+    a = _as_array(flat)
     n, k = _check_shape(a, "prepared", n, k)
     cb, scales = _byte_planes(a, "prepared", n, k, None)
     g = k // BLOCK

@@ -22,6 +22,12 @@ def _w(n=8, k=128, layout="prepared", seed=1):
     return ternary_weight(n, k, seed, device=DEV, layout=layout)
 
 
+def _wb(w=None):
+    """A weight as the FP64 reference takes it: its bytes and layout facts."""
+    w = _w() if w is None else w
+    return dict(weight=w.data, layout=w.layout, n=w.n, k=w.k)
+
+
 def _x(m=2, k=128, dtype=BF):
     return activations(m, k, 3, dtype=dtype, device=DEV)
 
@@ -343,30 +349,30 @@ def test_reference_refuses_nan_activations():
     x = _x()
     x[1, 7] = float("nan")
     with pytest.raises(ValueError, match=r"^activations: non-finite value nan at row 1, group 0"):
-        projection.quantized(x, _w())
+        projection.quantized(x, **_wb())
 
 
 def test_reference_x_wrong_rank():
     from reference import projection
     with pytest.raises(ValueError, match=r"^activations: expected a matrix \[M, K\] \(rank 2\), got rank 3$"):
-        projection.quantized(torch.zeros(1, 2, 128, dtype=BF), _w())
+        projection.quantized(torch.zeros(1, 2, 128, dtype=BF), **_wb())
 
 
 def test_reference_x_integer():
     from reference import projection
     with pytest.raises(TypeError, match=r"^activations: expected a float dtype \(bf16, fp16, fp32\), got int8$"):
-        projection.quantized(torch.zeros(2, 128, dtype=torch.int8), _w())
+        projection.quantized(torch.zeros(2, 128, dtype=torch.int8), **_wb())
 
 
 def test_reference_k_mismatch():
     from reference import projection
     with pytest.raises(ValueError, match=r"^x: K=256 does not match the weight's K=128$"):
-        projection.floating(_x(k=256), _w())
+        projection.floating(_x(k=256), **_wb())
 
 
 def test_reference_code3():
     from reference import projection
-    with pytest.raises(PQ2FormatError, match=r"^weight: code 3 at row 3, block 0"):
+    with pytest.raises(projection.pq2.PQ2FormatError, match=r"^weight: code 3 at row 3, block 0"):
         projection.quantized(_x(), _with_code3("raw").view(8, 34))
 
 
@@ -374,7 +380,7 @@ def test_reference_dense_propagates_nan():
     from reference import projection
     x = _x()
     x[1, 7] = float("nan")
-    y = projection.floating(x, _w())
+    y = projection.floating(x, **_wb())
     assert np.isnan(y[1]).all() and np.isfinite(y[0]).all()
 
 
@@ -441,7 +447,7 @@ def test_non_finite_activation_through_pq2_matmul(kset, device):
     x[1, 3] = float("nan")
     y = pq2_matmul(x, w, kernels=kset)
     # the engine's rule: NaN exactly where the FP64 reference of the row is NaN
-    want = np.isnan(projection.floating(x[1:2].cpu(), w.to("cpu"))[0])
+    want = np.isnan(projection.floating(x[1:2].cpu(), **_wb(w.to("cpu")))[0])
     got = torch.isnan(y[1]).cpu().numpy()
     assert (got == want).all(), (f"pq2_matmul[{kset}] (served by {dispatch.resolve(2, w, x, kset).name}): a NaN in "
                                  f"row 1 gave NaN at {int(got.sum())} of 32 outputs, the FP64 reference at "
@@ -488,6 +494,7 @@ def test_code3_in_every_field_is_rejected_by_the_reference(layout, s):
     for row, blk, byte in C3_SPOTS:
         data = _code3_at(layout, row, blk, byte, s)
         want = rf"^weight: code 3 at row {row}, block {blk} \(weight {4 * byte + s} of the block\)"
-        with pytest.raises(PQ2FormatError, match=want):
+        with pytest.raises(pq2.PQ2FormatError, match=want):
             pq2.validate(data, layout=layout, n=None if layout == "raw" else C3_N, k=None if layout == "raw" else C3_K)
-    assert pq2.validate(ternary_weight(C3_N, C3_K, 4, device=DEV, layout=layout)) == (C3_N, C3_K)
+    w = ternary_weight(C3_N, C3_K, 4, device=DEV, layout=layout)
+    assert pq2.validate(w.data, layout=layout, n=w.n, k=w.k) == (C3_N, C3_K)

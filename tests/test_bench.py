@@ -33,7 +33,7 @@ SMALL = Shape("b", 64, 384)
 # --- fake kernels: one right, several subtly wrong ---------------------------------------
 def _right(x, w, *, out=None, dots=None):
     from reference import pq2
-    wd = torch.from_numpy(pq2.decode(w.to("cpu")))
+    wd = torch.from_numpy(pq2.decode(w.data.cpu(), layout=w.layout, n=w.n, k=w.k))
     y = (x.cpu().double() @ wd.T).to(x.dtype).to(x.device)
     if out is None:
         return y
@@ -389,7 +389,7 @@ def test_exponents_keep_the_level_within_half_a_power_of_two():
     # the gain: log2 of the root mean square row norm of the decoded weight
     from reference import pq2
     w = inputs.ternary_weight(300, 384, seed=5)
-    wd = torch.from_numpy(pq2.decode(w))[: bench.step.GAIN_ROWS]
+    wd = torch.from_numpy(pq2.decode(w.data, layout=w.layout, n=w.n, k=w.k))[: bench.step.GAIN_ROWS]
     assert bench.gain_log2(w) == pytest.approx(0.5 * math.log2(float((wd ** 2).sum(1).mean())), rel=1e-12)
     d = inputs.dense_weight(8, 256, seed=1)
     assert bench.gain_log2(d) == pytest.approx(0.5 * math.log2(float((d.double() ** 2).sum(1).mean())), rel=1e-12)
@@ -399,7 +399,7 @@ def test_baseline_decode_matches_the_reference():
     from reference import pq2
     for layout in ("prepared", "raw"):
         w = inputs.ternary_weight(40, 256, seed=3, layout=layout)
-        ref = torch.from_numpy(pq2.decode(w))
+        ref = torch.from_numpy(pq2.decode(w.data, layout=w.layout, n=w.n, k=w.k))
         assert torch.equal(bench.decode_dense(w, torch.float32, rows_per_chunk=16).double(), ref)
         assert torch.equal(bench.decode_dense(w, torch.bfloat16), ref.to(torch.bfloat16))
 

@@ -76,9 +76,9 @@ def abs_sum(p, x, w):
     if p.weight == "dense":
         return np.abs(x.double().numpy()) @ np.abs(w.double().numpy()).T
     if p.arithmetic == "floating":
-        return np.abs(x.double().numpy()) @ np.abs(pq2.decode(w)).T
+        return np.abs(x.double().numpy()) @ np.abs(pq2.decode(w.data, layout=w.layout, n=w.n, k=w.k)).T
     qz = q8.quantize_q8(x)
-    codes, ws = pq2.read(w)
+    codes, ws = pq2.read(w.data, layout=w.layout, n=w.n, k=w.k)
     m, k = qz.q.shape
     g = k // 128
     qg = qz.q.astype(np.int64).reshape(m, g, 128)
@@ -100,15 +100,16 @@ class OutlierInputs(checks.Inputs):
     def __init__(self, c, device):
         super().__init__(c, device)
         from pq2verify.weights import PQ2Weight
-        codes, scales = pq2.read(self.w)
+        codes, scales = pq2.read(self.w.data, layout=self.w.layout, n=self.w.n, k=self.w.k)
         codes[:, 5::128] = 1
         self.w = PQ2Weight.from_raw(torch.from_numpy(pq2.encode(codes, scales))).to_prepared().to(device)
         x = self.x.clone()
         x[:, 5::128] = 20
         self.x = x
         xc, wc = x.cpu(), self.w.to("cpu")
-        self._refs = {"quantized": projection.quantized(xc, wc), "dense": projection.floating(xc, wc),
-                      "dots": projection.group_dots(xc, wc)}
+        wb = dict(weight=wc.data, layout=wc.layout, n=wc.n, k=wc.k)
+        self._refs = {"quantized": projection.quantized(xc, **wb), "dense": projection.floating(xc, **wb),
+                      "dots": projection.group_dots(xc, **wb)}
 
     def reference(self, which):
         return self._refs[which]
@@ -128,8 +129,8 @@ def data(arith: str, dt: str, kind: str = "normal", *, device: str):
     x, w = inp.x, inp.w
     inp.x, inp.w = x.to(device), w.to(device)     # inp.device stays "cpu": its references are these values'
     y0, _ = checks.call(p, inp)
-    D = projection.floating(x, w)
-    Q = projection.quantized(x, w) if arith == "integer" else None
+    D = projection.floating(x, w.data, layout=w.layout, n=w.n, k=w.k)
+    Q = projection.quantized(x, w.data, layout=w.layout, n=w.n, k=w.k) if arith == "integer" else None
     S = abs_sum(p, x, w)
     return dict(p=p, c=c, inp=inp, y0=y0.cpu(), D=D, Q=Q, Y=Q if arith == "integer" else D, S=S, arith=arith,
                 device=device)
@@ -384,7 +385,8 @@ def test_an_integer_path_returning_the_dense_reference_fails(dt, device):
 @pytest.mark.parametrize("dt", DT)
 def test_a_floating_path_returning_the_quantized_reference_fails(dt, device):
     d = data("floating", dt, device=device)
-    Q = projection.quantized(d["inp"].x.cpu(), d["inp"].w.to("cpu"))
+    w = d["inp"].w
+    Q = projection.quantized(d["inp"].x.cpu(), w.data.cpu(), layout=w.layout, n=w.n, k=w.k)
     y = torch.from_numpy(Q).to(DT[dt])
     assert rel(y.double(), d["D"]) > 1.5 * tol_dense("floating", dt), "precondition: Q and D differ enough here"
     r = judge(d, y)
@@ -521,7 +523,7 @@ def golden_case(name, dt, k):
         E = projection.dense(x, w)
     else:
         w = inputs.ternary_weight(256, k, 11, "cpu", "prepared")
-        E = projection.floating(x, w)
+        E = projection.floating(x, w.data, layout=w.layout, n=w.n, k=w.k)
     return p, c, x, w, E
 
 
@@ -530,7 +532,7 @@ def golden_bound(x, w, dense, y, want, dt, S=None):
     within F = (K + 2)(2^-24 S + 2^-126) of the exact sum (the CPU rounds to nearest), each
     rounded once (half a spacing each)."""
     if S is None:
-        wd = w.double().numpy() if dense else pq2.decode(w)
+        wd = w.double().numpy() if dense else pq2.decode(w.data, layout=w.layout, n=w.n, k=w.k)
         S = np.abs(x.double().numpy()) @ np.abs(wd).T
     f = (x.shape[1] + 2) * (2.0 ** -24 * S + 2.0 ** -126)
     mag = np.maximum(np.abs(y.double().numpy()), np.abs(want.double().numpy()))
@@ -544,7 +546,7 @@ def golden_plant(name, dt, window, part):
     element where 2F ('fold') or the spacing ('spacing') is most of the bound."""
     p, c, x, w, E = golden_case(name, dt, 256 if (dt, part) == ("fp16", "spacing") else 1024)
     dense = p.weight == "dense"
-    S = np.abs(x.double().numpy()) @ np.abs(w.double().numpy() if dense else pq2.decode(w)).T
+    S = np.abs(x.double().numpy()) @ np.abs(w.double().numpy() if dense else pq2.decode(w.data, layout=w.layout, n=w.n, k=w.k)).T
     want = torch.from_numpy(E).to(DT[dt])
     wd = want.double().numpy()
     ks = [k for k in range(-12, 13) if k]

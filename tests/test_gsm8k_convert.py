@@ -24,7 +24,7 @@ def test_too_many_digits_needed():
 
 def _decode(w: PQ2Weight) -> torch.Tensor:
     from reference import pq2
-    return torch.from_numpy(pq2.decode(w))
+    return torch.from_numpy(pq2.decode(w.data, layout=w.layout, n=w.n, k=w.k))
 
 
 def test_stacked_digits_sum_to_reconstruction():

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from pq2verify.weights import PQ2FormatError, PQ2Weight
+from pq2verify.weights import PQ2Weight
 from reference import generate, hadamard, pq2, projection, q8
 from reference.metrics import relative_rms
 from test_reference_naive import naive_decode, naive_group_dots, naive_quantized
@@ -77,11 +77,15 @@ def test_all_weight_forms_agree():
     x = generate.activations(3, 512, 0)
     raw = generate.ternary_weight(7, 512, 1)
     wr = PQ2Weight.from_raw(torch.from_numpy(raw))
-    forms = [raw, torch.from_numpy(raw), wr, wr.to_prepared()]
+    wp = wr.to_prepared()
+    forms = [(torch.from_numpy(raw), {}), (wr.data, dict(layout="raw", n=7, k=512)),
+             (wp.data, dict(layout="prepared", n=7, k=512)), (wp.data.numpy(), dict(layout="prepared", n=7, k=512))]
     for f in (projection.quantized, projection.floating, projection.group_dots):
         ref = f(x, raw)
-        for w in forms[1:]:
-            assert np.array_equal(f(x, w), ref), (f.__name__, w)
+        for w, kw in forms:
+            assert np.array_equal(f(x, w, **kw), ref), (f.__name__, kw)
+    with pytest.raises(TypeError, match=r"^weight: expected the packed bytes .* pass w\.data, layout=w\.layout"):
+        projection.quantized(x, wp)     # the runtime's class: the oracle reads bytes only
 
 
 def test_rows_sample_columns():
@@ -89,10 +93,11 @@ def test_rows_sample_columns():
     raw = generate.ternary_weight(33, 640, 3)
     w = PQ2Weight.from_raw(torch.from_numpy(raw)).to_prepared()
     rows = np.array([32, 0, 7, 7, 19])
-    assert np.array_equal(projection.quantized(x, w, rows=rows), projection.quantized(x, raw)[:, rows])
+    wb = dict(layout=w.layout, n=w.n, k=w.k)
+    assert np.array_equal(projection.quantized(x, w.data, **wb, rows=rows), projection.quantized(x, raw)[:, rows])
     assert np.array_equal(projection.group_dots(x, raw, rows=torch.tensor(rows)),
                           projection.group_dots(x, raw)[:, rows])
-    assert close(projection.floating(x, w, rows=list(rows)), projection.floating(x, raw)[:, rows], 1e-14)
+    assert close(projection.floating(x, w.data, **wb, rows=list(rows)), projection.floating(x, raw)[:, rows], 1e-14)
     with pytest.raises(IndexError, match="rows"):
         projection.quantized(x, raw, rows=[33])
 
@@ -131,7 +136,7 @@ def test_errors():
         projection.floating(x, raw)
     bad = raw.copy()
     bad[2, 34 + 2] = 0xFF
-    with pytest.raises(PQ2FormatError, match="code 3 at row 2, block 1"):
+    with pytest.raises(pq2.PQ2FormatError, match="code 3 at row 2, block 1"):
         projection.quantized(generate.activations(2, 384, 0), bad)
     with pytest.raises(ValueError, match="rank"):
         projection.dense(np.zeros(4), np.zeros((2, 4)))

@@ -351,8 +351,8 @@ def test_chain_fp64_is_the_model_mlp_in_fp64(mlp_capture, device):
     assert [(c.call.position, c.digits, c.inter) for c in chs] == [(1, DIGITS, INTER), (2, DIGITS, INTER),
                                                                   (3, DIGITS, INTER)]
     crefs = chain.Refs(chs, weights, replay.References(calls, weights))
-    w1 = pq2.decode(weights["layers.0.mlp.gate_proj+up_proj"].to("cpu")).astype(np.float64)
-    w2 = pq2.decode(weights["layers.0.mlp.down_proj"].to("cpu")).astype(np.float64)
+    w1, w2 = (pq2.decode(w.data.cpu(), layout=w.layout, n=w.n, k=w.k).astype(np.float64)
+              for w in (weights["layers.0.mlp.gate_proj+up_proj"], weights["layers.0.mlp.down_proj"]))
     t = golden.load(mlp_capture).tensors("model.safetensors")
     for ch in chs:
         x = ch.call.x.cpu().double().numpy()
