@@ -267,13 +267,15 @@ def main(argv=None) -> int:
     try:
         try:
             dispatch.validate_env()    # a typo'd PQ2_* variable would silently change what runs
+            spec = dispatch.KernelSpec.from_env()    # the set and switches, read once for the command
         except ValueError as e:
             raise UsageError(str(e)) from None
         from . import backend_status
         warn = backend_status.announce(args)   # no record or capture: exact = legacy, golden verifies nothing
         if warn:
             print(warn, file=sys.stderr)
-        return int(args.func(args) or 0)
+        with dispatch.use(spec):
+            return int(args.func(args) or 0)
     except UsageError as e:
         print(f"pq2verify {args.command}: error: {e}", file=sys.stderr)
         return 2
