@@ -8,7 +8,6 @@ import ast
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_CALLS = {"import_module", "__import__", "find_spec"}
@@ -92,8 +91,6 @@ def test_kernels_import_only_torch_triton_and_the_standard_library():
         "\n  ".join(bad) + f"\nrepro: {REPRO}"
 
 
-@pytest.mark.xfail(strict=True, reason="reference/pq2.py still decodes through pq2verify.weights; its own decoder "
-                   "is under way (issue 26): remove this mark when it lands")
 def test_reference_imports_neither_the_suite_nor_the_runtime():
     bad = violations("reference", ("pq2verify", "kernels"))
     assert not bad, "the oracle imports the suite or the runtime:\n  " + "\n  ".join(bad) + f"\nrepro: {REPRO}"
