@@ -19,6 +19,11 @@ def weight(n=96, k=640, seed=1, layout="raw"):
     return w.to_prepared() if layout == "prepared" else w
 
 
+def _layout(w):
+    """With w.data, what the reference reads of a weight: its bytes and their layout."""
+    return {"layout": w.layout, "n": w.n, "k": w.k}
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_q8_codes_bit_equal(kind, dtype):
@@ -38,7 +43,7 @@ def test_group_dots_exact(gemm, monkeypatch):
     x = gen.activations(5, 640, 6, kind="heavy")
     q, _ = E.quantize_q8(x)
     d = E.group_dots(q, w).permute(1, 2, 0).numpy()            # [M, N, G]
-    assert np.array_equal(d.astype(np.int64), ref.group_dots(x, w))
+    assert np.array_equal(d.astype(np.int64), ref.group_dots(x, w.data, **_layout(w)))
 
 
 @pytest.mark.rms
@@ -53,7 +58,7 @@ def test_integer_paths_within_output_rounding(path, layout, dtype):
         x = gen.activations(m, 640, 7, kind=kind, dtype=dtype)
         y = E.emulate(path, x, w)
         assert y.dtype == dtype and y.shape == (m, w.n)
-        r = ref.quantized(x, w)
+        r = ref.quantized(x, w.data, **_layout(w))
         assert metrics.relative_rms(y, r) <= p.tolerance(dtype, "quantized"), (path, kind)
         # before the output rounding the FP32 fold is within 1e-5 of FP64
         y32 = E.integer(path, x, w, out_dtype=torch.float32)
@@ -99,7 +104,7 @@ def test_native_and_dense_paths(dtype):
     w = weight()
     x = gen.activations(6, 640, 10, dtype=dtype)
     y = E.emulate("native", x, w)
-    assert metrics.relative_rms(y, ref.floating(x, w)) <= registry.get("native").tolerance(dtype, "dense")
+    assert metrics.relative_rms(y, ref.floating(x, w.data, **_layout(w))) <= registry.get("native").tolerance(dtype, "dense")
     wd = torch.randn(32, 640, dtype=dtype)
     d = ref.dense(x, wd)
     for path in ("cublas", "small_gemm"):
