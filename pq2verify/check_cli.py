@@ -725,6 +725,7 @@ def run(args) -> int:
                   + f" in {time.time() - t0:.0f}s on {prov['backend']}")
     # the verdict is on the console: now the files (a failed write is exit 3, the verdict stands)
     out["complete"] = True
+    out["per_path"] = path_table(out["cases"]).json()      # the table the reports show, as data
     note = _note(out)
     maps, unwritten = error_maps(failures, dev, args.markdown or args.html) if args.markdown or args.html else ({}, [])
     names_ = {k: os.path.basename(v) for k, v in maps.items()}

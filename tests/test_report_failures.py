@@ -124,3 +124,13 @@ def test_a_failing_run_writes_its_error_map_beside_the_report(device, tmp_path, 
     assert len(pngs) == 1 and pngs[0].startswith("r.int_gemv"), pngs
     assert f"![error map of {INT.id}]({pngs[0]})" in md.read_text()
     assert '<img alt="error map of ' in page.read_text() and "## Failures" in md.read_text()
+
+
+def test_the_json_holds_the_per_path_table(device, tmp_path):
+    j = tmp_path / "r.json"
+    assert cli.main(["--device", device, "check", "--case", INT.id, "--reruns", "1", "--skip-selfcheck",
+                     "--json", str(j)]) == 0
+    d = json.loads(j.read_text())
+    t = d["per_path"]
+    assert t["columns"][0] == "path" and [r["cells"][0] for r in t["rows"]] == ["int_gemv"]
+    assert t == check_cli.path_table(d["cases"]).json() and t["rows"][0]["bad"] == []
