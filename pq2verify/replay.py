@@ -554,9 +554,9 @@ def pair_metrics(a: Out, b: Out, fault: Fault | None, where: str = "") -> dict:
     return r
 
 
-def _sided(side: str, r: dict) -> list:
+def _sided(side: str, r: dict, where: str) -> list:
     """One side's failures, each message led by the side's name."""
-    return [verdicts.Failure(check, f"{side} {msg}") for check, msg in zip(r["failed"], r["failures"])]
+    return [verdicts.Failure(check, f"{side} {msg}", where) for check, msg in zip(r["failed"], r["failures"])]
 
 
 def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None, *, planned=None,
@@ -574,7 +574,7 @@ def evaluate(calls, refs: References, outs_a, outs_b, fault: Fault | None = None
     for i, (c, a, b) in enumerate(zip(calls, outs_a, outs_b)):
         ra, rb = side_metrics(c, a, refs), side_metrics(c, b, refs)
         ab = pair_metrics(a, b, fault, c.key)
-        fails = _sided("A", ra) + _sided("B", rb) + [verdicts.Failure(k, f, c.key)
+        fails = _sided("A", ra, c.key) + _sided("B", rb, c.key) + [verdicts.Failure(k, f, c.key)
                                                       for k, f in zip(ab["failed"], ab["failures"])]
         for side, r in (("A", ra), ("B", rb)):
             for stat in ("t_scale", "t_offset"):
