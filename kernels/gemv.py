@@ -163,7 +163,7 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
         # chunks, a masked tail and the in-kernel split reduction in every small case
         bn, gc, split, warps = min(128, max(8, triton.next_power_of_2(n))), 2, 2 if groups >= 4 else 1, 4
     else:
-        # Measured on the H200 (tools/decode_sweep.py, CUDA graphs, weights rotated past L2;
+        # Measured on the H200 (tools/tune/decode_sweep.py, CUDA graphs, weights rotated past L2;
         # results/2026-11-30-decode-gemv/): 4-8 warps whose warp instructions each read whole 128-byte row
         # lines; rows beyond 4 * num_warps repeat in a thread and reuse its activation words;
         # GC = 16 (512 bytes a row a chunk) pays at 14-16K rows and on the 17408-deep down
@@ -222,7 +222,7 @@ def run(x, w, *, out=None, dots=None, check=True, config=None):
 
 def launch(q, xs, t, w, out, cfg, *, pdl, count, dots=None):
     """The GEMV kernel alone on quantized activations (run() quantizes first; the tuning sweep
-    tools/decode_sweep.py times it alone to split off the quantize kernel's share)."""
+    tools/tune/decode_sweep.py times it alone to split off the quantize kernel's share)."""
     n, g = w.n, w.groups
     bn, gc, split, per = cfg["BN"], cfg["GC"], cfg["SPLIT"], cfg["groups_per_split"]
     part = splitk.partials(out.device, split * n) if split > 1 else out
