@@ -32,7 +32,7 @@ def rowdot(tmp_path, monkeypatch):
     p = eval(entry, {"Path": registry.Path, "_OUT": registry._OUT})
     monkeypatch.setattr(registry, "PATHS", registry.PATHS + (p,))
     monkeypatch.setitem(registry.BY_NAME, p.name, p)
-    monkeypatch.setattr(golden, "source_files", lambda path: [])   # the file is not in the tree
+    monkeypatch.setattr(golden.sources, "source_files", lambda path: [])   # the file is not in the tree
     dispatch.clear_cache()
     dispatch._serves.cache_clear()
     yield p

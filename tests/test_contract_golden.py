@@ -190,7 +190,7 @@ def test_a_selection_that_verifies_nothing_fails(capture, capsys, monkeypatch):
 
 
 def test_a_missing_default_capture_fails_saying_nothing_was_verified(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(golden, "default_dir", lambda key=None: tmp_path / (key or KEY))
+    monkeypatch.setattr(golden.store, "default_dir", lambda key=None: tmp_path / (key or KEY))
     rc, out, err = _cli(capsys, "verify")
     assert rc == 1 and "nothing was verified" in out and "SKIP" not in out
     assert f"reproduce: ./pq2 --device {DEV} golden verify" in out

@@ -125,7 +125,7 @@ def test_missing_capture_fails_saying_how(tmp_path, capsys, monkeypatch):
     with pytest.raises(golden.NoCapture, match=r"no such folder\. Captures in this checkout: .*golden capture --dir"):
         golden.load(tmp_path / "sm90")
     # the default folder of a backend: a failure (exit 1) that says how to capture it
-    monkeypatch.setattr(golden, "default_dir", lambda key=None: tmp_path / (key or KEY))
+    monkeypatch.setattr(golden.store, "default_dir", lambda key=None: tmp_path / (key or KEY))
     assert cli.main(["--device", DEVICE, "golden", "verify"]) == 1
     out = capsys.readouterr().out
     assert f"FAIL: no golden capture for backend '{KEY}'" in out and "./pq2 --device" in out.split("FAIL:")[1]

@@ -254,9 +254,9 @@ def test_every_weight_is_stored_whatever_its_size(tmp_path, monkeypatch):
     (meta,) = man["weights"].values()
     assert meta["stored"] and meta["n"] * meta["k"] * 2 > 64 * 1024
     real = golden.make_weight
-    monkeypatch.setattr(golden, "make_weight", lambda meta: pytest.fail("a stored weight was regenerated"))
+    monkeypatch.setattr(golden.capturing, "make_weight", lambda meta: pytest.fail("a stored weight was regenerated"))
     assert [o.status for o in golden.verify(golden.load(tmp_path / KEY), DEVICE, ids=[big.id])] == ["identical"]
-    monkeypatch.setattr(golden, "make_weight", real)
+    monkeypatch.setattr(golden.capturing, "make_weight", real)
     m = _manifest(tmp_path / KEY)
     for v in m["weights"].values():
         v["stored"] = False                                  # as format 1 wrote large weights
@@ -287,7 +287,7 @@ def _nudge(monkeypatch, path, i, j, by):
 
 def _other_cpu(monkeypatch):
     real = golden.isa
-    monkeypatch.setattr(golden, "isa", lambda: dict(real(), torch_cpu_capability="ANOTHER"))
+    monkeypatch.setattr(golden.isakey, "isa", lambda: dict(real(), torch_cpu_capability="ANOTHER"))
 
 
 def test_isa_key_equal_only_when_complete():

@@ -37,7 +37,7 @@ def folders(tmp_path, monkeypatch):
     v.mkdir()
     g.mkdir()
     monkeypatch.setattr(kernelsets, "VERIFIED_DIR", v)
-    monkeypatch.setattr(golden, "GOLDEN", g)
+    monkeypatch.setattr(golden.store, "GOLDEN", g)
     kernelsets.clear_cache()
     yield v, g
     kernelsets.clear_cache()
