@@ -38,8 +38,8 @@ def register(sub):
     ver = gs.choices["verify"]
     ver.add_argument("--case", action="append", default=[], type=nonempty,
                      help="verify only this case id (repeatable; ids as --list-cases golden prints them)")
-    ver.add_argument("--json", default=None, help="write every outcome to this file")
-    ver.add_argument("--html", default=None, help="also write a self-contained HTML report (failures first)")
+    cli.add_output(ver, "--json", help="write every outcome to this file")
+    cli.add_output(ver, "--html", help="also write a self-contained HTML report (failures first)")
     # refused (see _check_args): a run that verified nothing is never a pass
     ver.add_argument("--allow-missing", action="store_true", help=argparse.SUPPRESS)
     ver.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)   # the default now; kept for old scripts
@@ -153,8 +153,9 @@ def run(args) -> int:
     else:
         if args.dir:
             _no_capture_dir(target, "model" if args.model else "cases")
-        outputs.check([("--json", args.json), ("--html", args.html)], [("--dir", dest)])
-        for opt, p in (("--json", args.json), ("--html", args.html)):
+        outs = cli.output_paths(args)
+        outputs.check(outs, [("--dir", dest)])
+        for opt, p in outs:
             _not_inside_a_capture(opt, p)
     if args.model:
         from . import golden_model

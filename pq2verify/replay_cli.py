@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import cli
 from .cli import UsageError, check_writable, names, nonempty, nonneg_ints, positive_int, positive_ints
 
 # every directed fault with its opposite: a judge that looks one way only fails the other
@@ -59,8 +60,8 @@ def register(sub) -> None:
     p.add_argument("--layers", default=None, type=nonempty, help="only weights whose name contains this text")
     p.add_argument("--limit", type=positive_int, default=None,
                    help="first N captured calls of the selection (the M > 1 calls are built from them)")
-    p.add_argument("--m", type=_ms, default=DEFAULT_M, metavar="M,..",
-                   help="call sizes replayed (default 1,4,16): M = 1 one call per captured position; M > 1 two "
+    cli.add_m_option(p, type=_ms, default=DEFAULT_M, metavar="M,..",
+                     help="call sizes replayed (default 1,4,16): M = 1 one call per captured position; M > 1 two "
                         "calls per weight of its captured rows repeated to M rows, so the paths serving decode "
                         "batches run on real activations too")
     one = p.add_mutually_exclusive_group()
@@ -71,8 +72,8 @@ def register(sub) -> None:
     p.add_argument("--chains", default=None, action=argparse.BooleanOptionalAction,
                    help="linked gate_up -> silu*up -> down chains (default: on where the selection holds a layer's "
                         "gate_up and down; --chains: refuse a selection without one)")
-    p.add_argument("--json", default=None, help="write every call's metrics to this file")
-    p.add_argument("--markdown", default=None, help="write the report as Markdown to this file")
+    cli.add_output(p, "--json", help="write every call's metrics to this file")
+    cli.add_output(p, "--markdown", help="write the report as Markdown to this file")
     p.add_argument("--cpu-backend", default="emulate", choices=("emulate", "interpreter"),
                    help="on the CPU: torch emulation of each path (default) or Triton's interpreter (slow)")
     p.set_defaults(func=main)
@@ -115,7 +116,7 @@ def main(args) -> int:
         check_writable(args.capture, "--capture", directory=True, make_parents=True)
     capture = _capture_dir(args)
     # the capture is an input (or, with --capture-first, a folder this run writes): no output in it
-    outputs.check([("--json", args.json), ("--markdown", args.markdown)],
+    outputs.check(cli.output_paths(args),
                   [] if args.capture_first else [("--capture", capture)],
                   folders=[("--capture", capture)] if args.capture_first else [])
     from .gsm8k.runs import parse_spec

@@ -25,8 +25,8 @@ def register(sub):
                     help="the paths whose selftest case has these ids (--list-cases selftest prints them)")
     ap.add_argument("--faults", default=None, help="comma-separated fault names (default: all; --list-faults shows them)")
     ap.add_argument("--list-faults", action="store_true", help="list the faults and exit")
-    ap.add_argument("--json", default=None, help="write every verdict to this file")
-    ap.add_argument("--markdown", default=None, help="write the fault x path table as Markdown to this file")
+    cli.add_output(ap, "--json", help="write every verdict to this file")
+    cli.add_output(ap, "--markdown", help="write the fault x path table as Markdown to this file")
     ap.set_defaults(func=main)
 
 
@@ -66,7 +66,7 @@ def main(args) -> int:
     paths = cli.parse_paths(args.paths)
     paths = _case_paths(args.case) if args.case is not None else paths
     faults = _names("--faults", args.faults, tuple(selftest.BY_NAME))
-    outputs.check([("--json", args.json), ("--markdown", args.markdown)])   # before the work, not after it
+    outputs.check(cli.output_paths(args))   # before the work, not after it
     device = backend.device()
     sel_p = [registry.get(n) for n in paths] if paths else list(registry.PATHS)
     sel_f = [selftest.BY_NAME[n] for n in faults] if faults else list(selftest.FAULTS)
