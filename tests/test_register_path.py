@@ -53,12 +53,13 @@ def test_the_path_is_gone_after_the_test():
     assert "twin" not in registry.BY_NAME and "twin" not in table.by_name()
 
 
-def test_its_entry_is_its_bad_input_contract(twin):
+def test_its_entry_is_its_bad_input_contract(twin, device):
     import torch
     from pq2verify import cases, checks
+    dev = "cuda" if device == "cuda" else "cpu"
     c = cases.check_cases("small", paths=["twin"], ms=[2], dtypes=["bf16"], layouts=["raw"])[0]
-    inp = checks.Inputs(c, "cpu")
-    x17 = torch.zeros(17, inp.x.shape[1], dtype=inp.x.dtype)
+    inp = checks.Inputs(c, dev)
+    x17 = torch.zeros(17, inp.x.shape[1], dtype=inp.x.dtype, device=dev)
     with pytest.raises(ValueError, match=r"^twin serves M in 1-16, got M=17$"):
         twin.kernel()(x17, inp.w)
 

@@ -153,8 +153,10 @@ def test_a_tighter_element_bound_in_the_library_fails_check_and_replay(monkeypat
     assert flags() == (True, True), f"reproduce: {HERE} -k tighter_element_bound"
 
 
-def test_a_tighter_cross_isa_bound_in_the_library_fails_golden(monkeypatch):
+def test_a_tighter_cross_isa_bound_in_the_library_fails_golden(monkeypatch, device):
     from pq2verify import numerics
+    if device == "cuda":
+        pytest.skip("the cross-ISA bound judges CPU captures (golden/interpreter); the CPU suite runs it")
     p = registry.get("native")
     c = cases.seeded(cases.Case(p.name, "b", 64, 256, 2, "bf16", "prepared"))
     x = inputs.activations(2, 256, c.seed, "normal", torch.bfloat16, "cpu")
