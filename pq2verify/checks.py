@@ -2,22 +2,20 @@
 relative RMS and a per-element bound against the FP64 references, exact integer group dots,
 exactness claims against the claimed counterpart, every output written, no write outside out
 or dots (guard bands), determinism over reruns, batch invariance, and NaN propagation."""
-import functools
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
 from . import numerics, registry, verdicts
 from .bits import bits
-from .inputs import activations, dense_weight, ternary_weight
+from .inputs import activations
 
 # The case model lives in pq2verify.cases; these names are the check engine's view of it.
 from .cases import DTYPES, MS, SHAPES, Case, seeded, weight_seed  # noqa: F401
 from .cases import check_cases as cases  # noqa: F401
 _seeded = seeded
-REF_ROWS = 256            # reference rows sampled on large shapes (all rows when N is smaller)
 
 # The typed name of each check (pq2verify.verdicts), recorded with every failure so a reader (the
 # selftest's table, a test) learns which verdict fell without parsing its English message.
@@ -79,68 +77,11 @@ class Result:
 DOTS_MAX_BYTES = 2 << 30   # the group-dots buffer [M, N, G] int32 is skipped above this
 
 
-def _weight(n: int, k: int, layout: str, device: str, dtype: str, dense: bool):
-    return _weight_cached(n, k, layout, str(device), dtype if dense else "-", dense)
-
-
-@functools.lru_cache(maxsize=3)
-def _weight_cached(n: int, k: int, layout: str, device: str, dtype: str, dense: bool):
-    # Seeded by the shape alone: every path, M and layout of a shape reads the same values,
-    # so the FP64 references are shared and a GPU run generates each large weight once.
-    seed = weight_seed(n, k)
-    if dense:
-        return dense_weight(n, k, seed, device, DTYPES[dtype])
-    if layout == "raw":
-        return _weight(n, k, "prepared", device, dtype, False).to_raw()
-    return ternary_weight(n, k, seed, device, "prepared")
-
-
-def _rows(n: int) -> torch.Tensor:
-    if n <= REF_ROWS:
-        return torch.arange(n)
-    g = torch.Generator().manual_seed(n)
-    return torch.cat([torch.tensor([0, n - 1]), torch.randperm(n - 2, generator=g)[: REF_ROWS - 2] + 1])
-
-
-def _x(c: Case, device) -> torch.Tensor:
-    return activations(c.m, c.k, c.seed, c.kind, DTYPES[c.dtype], device,
-                       row_stride=2 * c.k if c.strided else None)
-
-
-@functools.lru_cache(maxsize=4)
-def _reference(c: Case, dense: bool, which: str, device: str):
-    """FP64 reference on the CPU. `c` has path and layout blanked: references depend on values
-    only, so every path and layout of the same inputs shares one. The weight comes from the
-    device it was generated on (CPU and CUDA generators draw different numbers)."""
-    from reference import projection
-    x = _x(c, "cpu")
-    rows = _rows(c.n)
-    w = _weight(c.n, c.k, "prepared", device, c.dtype, dense)
-    if dense:
-        return projection.dense(x, w[rows.to(w.device)].cpu())
-    w = w.to("cpu")
-    fn = {"quantized": projection.quantized, "dots": projection.group_dots, "dense": projection.floating}[which]
-    return fn(x, w.data, layout=w.layout, n=w.n, k=w.k, rows=rows.numpy())
-
-
-class Inputs:
-    """x and weight of one case on the device, plus its FP64 references (cached across cases
-    that share them: same shape, M, dtype and input kind, whatever the path or layout)."""
-
-    def __init__(self, c: Case, device):
-        self.case, self.device = c, str(device)
-        self.dense = registry.get(c.path).weight == "dense"
-        self.x = _x(c, device)
-        self.w = _weight(c.n, c.k, "prepared" if self.dense else c.layout, str(device), c.dtype, self.dense)
-        self.rows = _rows(c.n)
-        self._blank = replace(c, path="-", layout="-")
-
-    def reference(self, which: str):
-        """'quantized' or 'dense' FP64 reference, float64 [M, len(rows)]."""
-        return _reference(self._blank, self.dense, "dense" if self.dense else which, self.device)
-
-    def group_dots(self):
-        return _reference(self._blank, self.dense, "dots", self.device)
+# The case's data (x, weight, FP64 references, absolute sums) has one builder, shared with golden
+# capture and verify: pq2verify.casedata. Its names stay readable here.
+from .casedata import (REF_ROWS, CaseData, Resolved, _reference, _rows, _weight,  # noqa: E402,F401
+                       _weight_cached, _x, resolve)
+Inputs = CaseData
 
 
 # Guard bands around out and dots: a store past either end (a missing mask, a wrong row
@@ -212,28 +153,8 @@ def _like(x: torch.Tensor) -> torch.Tensor:
 
 
 def _abs_sum(p: registry.Path, inp) -> np.ndarray:
-    """S of the per-element bound: the path's FP64 reference summed over absolute terms,
-    float64 [M, len(rows)]; cached on `inp` per reference."""
-    from reference import pq2, projection, q8
-    cache = inp.__dict__.setdefault("_abs_sums", {})
-    which = "dense" if inp.dense else p.reference
-    if which not in cache:
-        rows = inp.rows
-        if inp.dense:
-            s = projection.dense(inp.x.abs().cpu(), inp.w[rows.to(inp.w.device)].abs().cpu())
-        elif which == "dense":
-            s = projection.dense(inp.x.abs().cpu(), np.abs(pq2.decode(inp.w.data, layout=inp.w.layout, n=inp.w.n,
-                                                                      k=inp.w.k, rows=rows.numpy())))
-        else:   # sum_g |dot_g| * xs_g * |ws_g|, from the exact group dots
-            dots = inp.group_dots()
-            xs = q8.quantize_q8(inp.x).scales.astype(np.float64)
-            ws = np.abs(pq2.read(inp.w.data, layout=inp.w.layout, n=inp.w.n, k=inp.w.k,
-                                 rows=rows.numpy())[1].astype(np.float64))
-            s = np.zeros(dots.shape[:2])
-            for g in range(dots.shape[2]):
-                s += np.abs(dots[:, :, g]) * xs[:, g, None] * ws[None, :, g]
-        cache[which] = s
-    return cache[which]
+    """S of the per-element bound (casedata.CaseData.abs_sum), cached on `inp` per reference."""
+    return CaseData.abs_sum(inp, p)
 
 
 def _elementwise(r: Result, p: registry.Path, inp, y: torch.Tensor, dt) -> None:
@@ -330,7 +251,7 @@ def _declared_fold(r: Result, c: Case, p: registry.Path, device, kernel) -> None
                f"{float(y[i, n])!r} vs {float(want[i, n])!r} ({adversarial.describe(FOLD_K, n, FOLD_SPAN)})", FOLD)
 
 
-def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "batch", "nan"),
+def evaluate(c: "Case | Resolved", device="cpu", *, checks=("rms", "exact", "determinism", "batch", "nan"),
              reruns: int = 5, inp: Inputs | None = None, kernel=None) -> Result:
     """Run the checks on one case. `kernel` replaces the path's run for every call of this
     path (first call, reruns, batch and NaN calls); a claimed counterpart runs its own kernel.
@@ -338,8 +259,11 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
     out and dots sit in guard bands, checked whatever `checks` says. "fold" (not a default: it
     costs a K = 1024 call) checks an integer path's bytes against the emulation of its declared
     fold order, on the interpreter only (fold_exact stays None elsewhere)."""
-    p = registry.get(c.path)
-    inp = inp or Inputs(c, device)
+    rc = getattr(inp, "rc", None)       # the case as its inputs resolved it: no second lookup
+    if rc is None or rc.case != (c.case if isinstance(c, Resolved) else c):
+        rc = resolve(c)
+    c, p = rc.case, rc.path
+    inp = inp or Inputs(rc, device)
     r = Result(c)
     guards = []
     y, dots = call(p, inp, with_dots="exact" in checks, kernel=kernel, guards=guards)
@@ -371,9 +295,9 @@ def evaluate(c: Case, device="cpu", *, checks=("rms", "exact", "determinism", "b
                 r.fail(f"integer group dots differ from the exact reference (first at m={m_}, "
                        f"n={n}, group {g_}: {got[m_, n_, g_]} != {want[m_, n_, g_]})", DOTS,
                        f"{c.id} dots[{m_}, {n}, {g_}]")
-        other = p.bit_identical_to or p.dots_equal_to
-        if other is not None and registry.get(other).serves(c.m):
-            q = registry.get(other)
+        q = rc.counterpart
+        if q is not None and q.serves(c.m):
+            other = q.name
             y2, d2 = call(q, inp, with_dots=p.dots_equal_to is not None, guards=guards)
             if p.bit_identical_to:
                 r.claim = f"bytes == {other}"

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import torch
 
-from .. import backend, checks, inputs, provenance, registry, verdicts
+from .. import backend, casedata, checks, provenance, registry, verdicts
 from .. import cases as casemodel
 from ..bits import same_bits
-from ..weights import PQ2Weight
 from .isakey import bits_class, _bits_record
 from .sources import source_hashes
 from .store import FORMAT, INPUTS, load, _load_tensors, MANIFEST, _save_tensors, tensor_sha256, _write_manifest
@@ -31,32 +30,21 @@ def x_key(c: checks.Case) -> str:
     return f"x:{c.m}x{c.k}:{c.dtype}:{c.kind}:seed{c.seed}"
 
 
-def weight_meta(c: checks.Case) -> tuple[str, dict]:
-    dense = registry.get(c.path).weight == "dense"
-    seed = casemodel.weight_seed(c.n, c.k)
-    if dense:
-        return f"wd:{c.n}x{c.k}:{c.dtype}:seed{seed}", {"kind": "dense", "n": c.n, "k": c.k, "dtype": c.dtype, "seed": seed}
-    return f"w:{c.n}x{c.k}:seed{seed}", {"kind": "pq2", "n": c.n, "k": c.k, "seed": seed}
+# The case's data has one builder, shared with the check: pq2verify.casedata.
+def weight_meta(c) -> tuple[str, dict]:
+    return casedata.weight_meta(casedata.resolve(c))
 
 
-def make_weight(meta: dict) -> torch.Tensor:
-    """The weight's bytes, generated on the CPU (CPU generators are reproducible across
-    machines; the GPU's draws other numbers): prepared PQ2 bytes, or the dense matrix."""
-    if meta["kind"] == "dense":
-        return inputs.dense_weight(meta["n"], meta["k"], meta["seed"], "cpu", checks.DTYPES[meta["dtype"]])
-    return inputs.ternary_weight(meta["n"], meta["k"], meta["seed"], "cpu", "prepared").data
+make_weight = casedata.make_weight
 
 
-def weight_for(c: checks.Case, data: torch.Tensor, device):
+def weight_for(c, data: torch.Tensor, device):
     """The case's weight on the device, in the case's layout."""
-    if registry.get(c.path).weight == "dense":
-        return data.to(device)
-    w = PQ2Weight(data.to(device), c.n, c.k, "prepared", checked=True)
-    return w.to_raw() if c.layout == "raw" else w
+    return casedata.weight_for(casedata.resolve(c), data, device)
 
 
-def make_x(c: checks.Case) -> torch.Tensor:
-    return inputs.activations(c.m, c.k, c.seed, c.kind, checks.DTYPES[c.dtype], "cpu")
+def make_x(c) -> torch.Tensor:
+    return casedata.golden_x(c.case if isinstance(c, casedata.Resolved) else c)
 
 
 def run_case(c: checks.Case, x: torch.Tensor, w, device, *, kernel=None, avoid=(), keep=None) -> torch.Tensor:
@@ -66,7 +54,8 @@ def run_case(c: checks.Case, x: torch.Tensor, w, device, *, kernel=None, avoid=(
     golden) whose storage the result must not be; keep: a list that receives the kernel's buffer.
     `kernel` replaces the path's run (pq2verify.selftest runs broken variants against the
     captures)."""
-    p = registry.get(c.path)
+    rc = casedata.resolve(c)
+    c, p = rc.case, rc.path
     xd = x.to(device)
     if c.strided:
         buf = torch.full((c.m, 2 * c.k), float("nan"), dtype=xd.dtype, device=device)
@@ -100,19 +89,13 @@ def numerics(c: checks.Case, x: torch.Tensor, w, y: torch.Tensor) -> str | None:
     return None if f is None else f.message
 
 
-def numerics_failure(c: checks.Case, x: torch.Tensor, w, y: torch.Tensor) -> "verdicts.Failure | None":
-    from reference import projection
-    p = registry.get(c.path)
+def numerics_failure(c, x: torch.Tensor, w, y: torch.Tensor) -> "verdicts.Failure | None":
+    data = casedata.CaseData.given(c, x, w)     # the references on all rows, from the bytes
+    c, p = data.case, data.rc.path
     if not bool(torch.isfinite(y.float()).all()):
         return verdicts.failure(verdicts.GOLDEN_NUMERICS, "output has non-finite values", c.id)
-    if p.weight == "dense":
-        refs, which = {"dense": lambda: projection.dense(x, w.cpu())}, "dense"
-    else:
-        wc = w.to("cpu")
-        which = "quantized" if p.reference == "quantized" else "dense"
-        wb = dict(weight=wc.data, layout=wc.layout, n=wc.n, k=wc.k)   # the bytes: reference decodes them itself
-        refs = {"quantized": lambda: projection.quantized(x, **wb), "dense": lambda: projection.floating(x, **wb)}
-    (v,) = verdicts.rms(p, y.double().numpy(), lambda r: refs[r](), checks.DTYPES[c.dtype], only=(which,))
+    which = "dense" if p.weight == "dense" or p.reference != "quantized" else "quantized"
+    (v,) = verdicts.rms(p, y.double().numpy(), data.reference, checks.DTYPES[c.dtype], only=(which,))
     if v.ok:
         return None
     return verdicts.failure(verdicts.GOLDEN_NUMERICS,
@@ -144,8 +127,11 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
     key = backend.golden_key()
     prov = _provenance(device)
     weights, ys, new, refused = {}, {}, [], []
+    entries = {}
     for i, c in enumerate(todo):
-        wkey, meta = weight_meta(c)
+        rc = casedata.resolve(c)               # the one lookup of the case's path
+        entries.setdefault(c.path, rc.path)
+        wkey, meta = weight_meta(rc)
         if wkey not in weights:
             data = make_weight(meta)
             # stored, whatever its size: torch's CPU randn/exp bits follow ATen's CPU capability
@@ -154,13 +140,13 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
             meta = dict(meta, sha256=tensor_sha256(data), stored=True)
             weights[wkey] = (data, meta)
         data, meta = weights[wkey]
-        x = make_x(c)
-        w = weight_for(c, data, device)
+        x = make_x(rc)
+        w = weight_for(rc, data, device)
         bufs = []
         try:
-            y = run_case(c, x, w, device, keep=bufs)
-            why = None if force else numerics(c, x, w, y)
-            if why is None and not same_bits(run_case(c, x, w, device, avoid=bufs), y):
+            y = run_case(rc, x, w, device, keep=bufs)
+            why = None if force else numerics(rc, x, w, y)
+            if why is None and not same_bits(run_case(rc, x, w, device, avoid=bufs), y):
                 why = "a rerun gave other bytes (not deterministic)"
         except Exception as ex:     # a case the code expects and the kernel cannot run: refused, so verify fails it
             why = f"raised {type(ex).__name__}: {ex}"
@@ -182,8 +168,8 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
     for name in names:
         if name in ys:
             man["files"][f"{name}.safetensors"] = _save_tensors(dest, f"{name}.safetensors", ys[name])
-            man["paths"][name] = {"source": source_hashes(registry.get(name)),
-                                  **_bits_record(key, registry.get(name)), **prov}
+            man["paths"][name] = {"source": source_hashes(entries[name]),
+                                  **_bits_record(key, entries[name]), **prov}
         else:                                  # nothing captured for this path: drop its old file
             man["files"].pop(f"{name}.safetensors", None)
             man["paths"].pop(name, None)

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import backend, checks, registry, verdicts
-from .. import numerics as bounds     # `numerics` here is the capture's own check
+from .. import backend, casedata, checks, registry, verdicts
 from ..bits import same_bits
 from ..verdicts import compare, compare_bound
 from . import capturing, isakey
@@ -48,9 +47,10 @@ class Outcome:
         return s
 
 
-def changed_sources(g: Golden, path: str) -> list[str]:
-    rec = g.manifest["paths"].get(path, {}).get("source", {}).get("files", {})
-    now = source_hashes(registry.get(path))["files"]
+def changed_sources(g: Golden, path: "str | registry.Path") -> list[str]:
+    p = registry.get(path) if isinstance(path, str) else path
+    rec = g.manifest["paths"].get(p.name, {}).get("source", {}).get("files", {})
+    now = source_hashes(p)["files"]
     return sorted(f for f in set(rec) | set(now) if rec.get(f) != now.get(f))
 
 
@@ -140,7 +140,8 @@ def fold_bound(p: registry.Path, c: checks.Case, x: torch.Tensor, w, y: torch.Te
     """float64 [M, N]: how far two FP32 folds of this case on the CPU, in any orders, each
     rounded once to the output dtype, can lie apart: numerics.cross_isa_bound (2 F +
     spacing(max(|y|, |want|)), numerics.CROSS_ISA_REASON)."""
-    return bounds.cross_isa_bound(p, c.k, x, w, y, want)
+    c = c.case if isinstance(c, casedata.Resolved) else c
+    return casedata.CaseData.given(casedata.Resolved(c, p), x, w).cross_isa_bound(y, want)
 
 
 def comparison(g: Golden, p: registry.Path, now: dict) -> str:
@@ -159,23 +160,24 @@ def verify_entry(g: Golden, ins: "_Inputs", e: dict, device, *, kernel=None) -> 
     c = case_of(e)
     if c.path not in registry.BY_NAME:
         return Outcome(c, "error", f"path {c.path} is no longer in the registry")
-    p = registry.get(c.path)
-    changed = changed_sources(g, c.path)
+    rc = casedata.resolve(c)                   # the one lookup of the case's path
+    p = rc.path
+    changed = changed_sources(g, p)
     try:
         want, x, data = ins.y(e), ins.x(e), ins.weight(e["weight"])
     except GoldenIntegrityError as ex:
         return Outcome(c, "integrity", str(ex), changed)
-    w = weight_for(c, data, device)
+    w = weight_for(rc, data, device)
     how = comparison(g, p, ins.isa)
     try:
         # two runs, each into a fresh buffer, neither the storage of the other nor of the golden
         bufs = []
-        y = run_case(c, x, w, device, kernel=kernel, avoid=(want,), keep=bufs)
-        y2 = run_case(c, x, w, device, kernel=kernel, avoid=(want, *bufs), keep=bufs)
+        y = run_case(rc, x, w, device, kernel=kernel, avoid=(want,), keep=bufs)
+        y2 = run_case(rc, x, w, device, kernel=kernel, avoid=(want, *bufs), keep=bufs)
     except Exception as ex:     # a crash is that case's failure, not the whole verification
         return Outcome(c, "error", f"raised {type(ex).__name__}: {ex}", changed, how)
     if how.startswith("bound"):
-        status, detail = compare_bound(y, want, fold_bound(p, c, x, w, y, want))
+        status, detail = compare_bound(y, want, fold_bound(p, rc, x, w, y, want))
     else:
         status, detail = compare(y, want)
     if not same_bits(y, y2):
