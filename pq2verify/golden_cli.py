@@ -161,7 +161,7 @@ def run(args) -> int:
         from . import golden_model
         try:
             if args.golden_command == "capture":
-                golden_model.capture_model(target, device)
+                golden_model.capture_model(target, device, model_runner())
                 return 0
             return _verify_model(target, device, args, key)
         except golden_model.ModelRunnerMissing as e:
@@ -169,6 +169,19 @@ def run(args) -> int:
     if args.golden_command == "capture":
         return _capture(dest, key, names_, device, args)
     return _verify(dest, names_, device, args, key)
+
+
+def model_runner():
+    """The GSM8K app's model runner, which the model capture, verify and replay are given."""
+    from .golden_model import CONTRACT, ModelRunnerMissing
+    try:
+        from .gsm8k import model
+    except ModuleNotFoundError as e:
+        if e.name not in ("pq2verify.gsm8k", "pq2verify.gsm8k.model"):
+            raise
+        raise ModelRunnerMissing("golden --model: the GSM8K model runner pq2verify.gsm8k.model is not there.\n"
+                                 f"{CONTRACT}") from None
+    return model
 
 
 def _importable(names_):
@@ -364,7 +377,7 @@ def _verify_model(dest, device, args, key) -> int:
         return rc
     if g.manifest.get("kind") != "model":
         raise UsageError(f"--dir: {dest} holds a capture of cases, not of the model; verify it without --model")
-    res = golden_model.verify_model(dest, device)
+    res = golden_model.verify_model(dest, device, model_runner())
     bad = [r for r in res if r[1] != "identical"]
     for k, status, detail in bad:
         print(f"FAIL {k}: {status} {detail}\n  reproduce: {_verify_repro(key, dest, True)}")

@@ -7,7 +7,6 @@ position i; call 0 reads the prompt), with the path that served it. `verify_mode
 each recorded call on that path and requires the recorded bytes. Captures live beside the
 case captures: golden/<backend>/model/ (manifest.json + model.safetensors).
 """
-import importlib
 import json
 from collections import Counter
 from contextlib import contextmanager
@@ -21,8 +20,9 @@ from .golden import (FORMAT, MANIFEST, GoldenIntegrityError, _provenance, _save_
 from .weights import PQ2Weight
 
 POSITIONS = (1, 32, 128)
-RUNNER = "pq2verify.gsm8k.model"
-CONTRACT = f"""{RUNNER} must provide
+# The runner is passed in (the commands pass the GSM8K app's, pq2verify.gsm8k.model): this
+# module knows the contract, never the app.
+CONTRACT = """a model runner must provide
   prepare(path, digits, device) -> an object with .model (a transformers causal LM, or anything
       called as model(input_ids=..., past_key_values=..., use_cache=True) -> .logits,
       .past_key_values) and .tokenizer (tokenizer(text, return_tensors='pt').input_ids),
@@ -34,16 +34,14 @@ class ModelRunnerMissing(RuntimeError):
     """`golden --model` without a usable GSM8K model runner."""
 
 
-def runner():
-    try:
-        mod = importlib.import_module(RUNNER)
-    except ModuleNotFoundError as e:
-        if e.name not in ("pq2verify.gsm8k", RUNNER):
-            raise
-        raise ModelRunnerMissing(f"golden --model: the GSM8K model runner {RUNNER} is not there.\n{CONTRACT}") from None
-    if mod is None or not callable(getattr(mod, "prepare", None)):
-        raise ModelRunnerMissing(f"golden --model: {RUNNER} has no prepare().\n{CONTRACT}")
-    return mod
+def checked(runner):
+    """The runner if it meets the contract's entry point, else ModelRunnerMissing."""
+    if runner is None:
+        raise ModelRunnerMissing(f"golden --model: no model runner was given.\n{CONTRACT}")
+    if not callable(getattr(runner, "prepare", None)):
+        raise ModelRunnerMissing(f"golden --model: the model runner {getattr(runner, '__name__', runner)!r} "
+                                 f"has no prepare().\n{CONTRACT}")
+    return runner
 
 
 def pq2_weights(model) -> dict[int, tuple[str, PQ2Weight]]:
@@ -110,8 +108,9 @@ def greedy(model, tok, prompt: str, steps: int, device) -> None:
             out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
 
 
-def capture_model(dest: Path, device, *, positions=POSITIONS, log=print) -> dict:
-    conv = runner().prepare(None, None, device)
+def capture_model(dest: Path, device, runner, *, positions=POSITIONS, log=print) -> dict:
+    """Run `runner`'s model greedily and record its PQ2 projection calls at `positions`."""
+    conv = checked(runner).prepare(None, None, device)
     weights = pq2_weights(conv.model)
     if not weights:
         raise ModelRunnerMissing(f"golden --model: the runner's model holds no PQ2Weight.\n{CONTRACT}")
@@ -144,13 +143,13 @@ def capture_model(dest: Path, device, *, positions=POSITIONS, log=print) -> dict
     return man
 
 
-def verify_model(dest: Path, device, *, log=None) -> list[tuple[str, str, str]]:
+def verify_model(dest: Path, device, runner, *, log=None) -> list[tuple[str, str, str]]:
     """(key, status, detail) per recorded call: the recorded x through the recorded path on the
     model's weight must give the recorded y, byte for byte."""
     g = load(dest, kind="model")
     if g.manifest.get("kind") != "model":
         raise GoldenIntegrityError(f"{dest}: not a model capture (golden capture --model writes one)")
-    conv = runner().prepare(None, None, device)
+    conv = checked(runner).prepare(None, None, device)
     by_name = {name: w for name, w in pq2_weights(conv.model).values()}
     t = g.tensors("model.safetensors")
     sha = {}

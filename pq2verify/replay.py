@@ -71,7 +71,7 @@ def default_capture(key: str) -> Path:
     return own if (own / golden.MANIFEST).exists() else golden.default_dir("sm90") / "model"
 
 
-def load(capture: Path, device, *, positions=None, layers=None, limit=None, ms=(1,)):
+def load(capture: Path, device, runner, *, positions=None, layers=None, limit=None, ms=(1,)):
     """(manifest, [Call], {name: PQ2Weight on device}) for the selected records. The weights are
     re-derived by the model runner and must hash to the captured ones. ms: the call sizes M
     replayed; M = 1 is one call per captured position, M > 1 two calls per weight whose rows are
@@ -101,7 +101,7 @@ def load(capture: Path, device, *, positions=None, layers=None, limit=None, ms=(
             raise ReplayError(f"--layers {layers!r}: matches no captured weight, e.g. {names[:2]}")
     if limit is not None:
         recs = recs[:limit]
-    conv = golden_model.runner().prepare(None, None, device)
+    conv = golden_model.checked(runner).prepare(None, None, device)
     by_name = {name: w for name, w in golden_model.pq2_weights(conv.model).values()}
     weights = {}
     for r in recs:

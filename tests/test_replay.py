@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import shlex
-import sys
 import types
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from kernels import splitk
-from pq2verify import backend, cli, emulation, golden_model, replay
+from pq2verify import backend, cli, emulation, golden_cli, golden_model, replay
 
 pytestmark = pytest.mark.replay
 
@@ -72,15 +71,20 @@ def _runner(device, bump=False, h=H):
             m.layers[1].mlp.stack.w.data[0] ^= 1     # another model than the captured one
         return types.SimpleNamespace(model=m, tokenizer=Tok())
 
-    mod = types.ModuleType(golden_model.RUNNER)
+    mod = types.ModuleType("fake_runner")
     mod.prepare = prepare
     return mod
+
+
+def _use_runner(mp, runner):
+    """The replay command given `runner` in place of the GSM8K app's."""
+    mp.setattr(golden_cli, "model_runner", lambda: runner)
 
 
 def _isolate(mp, device, h=H):
     """This module's model runner; no kernel switches from the shell; the emulation's FP32
     GEMM (bit-identical to its oneDNN one, which its self-test proves, and far faster at M=1)."""
-    mp.setitem(sys.modules, golden_model.RUNNER, _runner(device, h=h))
+    _use_runner(mp, _runner(device, h=h))
     for k in [k for k in os.environ if k == "PQ2_KERNELS" or k.startswith("PQ2_PATH_")]:
         mp.delenv(k)
     mp.setattr(emulation, "_GEMM", "fp32")
@@ -91,7 +95,7 @@ def _capture(tmp_path_factory, device, h):
     with pytest.MonkeyPatch.context() as mp:
         _isolate(mp, device, h)
         with backend.using_cpu_backend("emulate"):     # the capture is input data: fast
-            golden_model.capture_model(d, device, positions=(1, 2, 3), log=lambda s: None)
+            golden_model.capture_model(d, device, _runner(device, h=h), positions=(1, 2, 3), log=lambda s: None)
     return d
 
 
@@ -129,7 +133,7 @@ def test_batched_calls_are_real_rows_and_catch_a_fault_in_the_batch_path(capture
     """The M > 1 calls hold the weight's captured rows, cycled (rows repeat, so the bias test
     counts each once), and a fault only in the path serving M = 2-16 fails the replay there."""
     from pq2verify import dispatch
-    _, calls, _ = replay.load(capture, device, ms=(1, 4))
+    _, calls, _ = replay.load(capture, device, _runner(device), ms=(1, 4))
     for c in (c for c in calls if c.position == "M4"):
         mine = torch.cat([d.x for d in calls if d.layer == c.layer and d.position != "M4"])
         r = int(c.key[-1])
@@ -221,7 +225,7 @@ def test_missing_capture_and_another_model_are_usage_errors(capture, tmp_path, d
     assert _replay(device, tmp_path / "none") == 2
     err = capsys.readouterr().err
     assert "no model capture there" in err and f"--capture {tmp_path / 'none'} --capture-first" in err, err
-    monkeypatch.setitem(sys.modules, golden_model.RUNNER, _runner(device, bump=True))
+    _use_runner(monkeypatch, _runner(device, bump=True))
     assert _replay(device, capture) == 2
     assert "differs from the one captured" in capsys.readouterr().err
 
@@ -312,14 +316,14 @@ def _mlp_runner(device):
         def __call__(self, text, return_tensors="pt"):
             return types.SimpleNamespace(input_ids=torch.tensor([[3, 1, 4]]))
 
-    mod = types.ModuleType(golden_model.RUNNER)
+    mod = types.ModuleType("fake_runner")
     mod.prepare = lambda path, digits, dev: types.SimpleNamespace(model=Model(), tokenizer=Tok(), digits=DIGITS)
     return mod
 
 
 def _mlp_isolate(mp, device):
     _isolate(mp, device)
-    mp.setitem(sys.modules, golden_model.RUNNER, _mlp_runner(device))
+    _use_runner(mp, _mlp_runner(device))
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +332,7 @@ def _mlp_captured(tmp_path_factory, device):
     with pytest.MonkeyPatch.context() as mp:
         _mlp_isolate(mp, device)
         with backend.using_cpu_backend("emulate"):
-            golden_model.capture_model(d, device, positions=(1, 2, 3), log=lambda s: None)
+            golden_model.capture_model(d, device, _mlp_runner(device), positions=(1, 2, 3), log=lambda s: None)
     return d
 
 
@@ -346,7 +350,7 @@ def test_chain_fp64_is_the_model_mlp_in_fp64(mlp_capture, device):
     [x|x] W1^T, silu(gate)*up, [h|h] W2^T, and the captured down input is the model's own h."""
     from pq2verify import chain, golden
     from reference import pq2
-    man, calls, weights = replay.load(mlp_capture, device, ms=(1,))
+    man, calls, weights = replay.load(mlp_capture, device, _mlp_runner(device), ms=(1,))
     chs = chain.chains_of(calls, weights, man.get("digits"))
     assert [(c.call.position, c.digits, c.inter) for c in chs] == [(1, DIGITS, INTER), (2, DIGITS, INTER),
                                                                   (3, DIGITS, INTER)]
