@@ -1,13 +1,14 @@
-"""docs/ADDING_A_PATH.md, followed literally: its kernel file and registry entry, installed as
-`kernels.rowdot` and one more PATHS entry, go through the suite's checks with no other edit."""
+"""docs/ADDING_A_PATH.md, followed literally: its kernel file, table entry and claims, added
+as `kernels.rowdot` through the register_path fixture (the supported way for a test to add a
+path), go through the suite's checks with no other edit."""
 import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from kernels import table
 from pq2verify import cases, checks, dispatch, emulation, golden, registry, selftest
 
 DOC = Path(__file__).parents[1] / "docs" / "ADDING_A_PATH.md"
@@ -16,28 +17,22 @@ DOC = Path(__file__).parents[1] / "docs" / "ADDING_A_PATH.md"
 def _blocks():
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     kernel = next(b for b in blocks if b.lstrip().startswith('"""# kernels/rowdot.py'))
-    entry = next(b for b in blocks if b.startswith("# registry entry"))
+    entry = next(b for b in blocks if b.startswith("# table entry and claims"))
     return kernel, entry
 
 
 @pytest.fixture
-def rowdot(tmp_path, monkeypatch):
+def rowdot(tmp_path, register_path):
     kernel, entry = _blocks()
     f = tmp_path / "rowdot.py"
     f.write_text(kernel)
     spec = importlib.util.spec_from_file_location("kernels.rowdot", f)
     mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "kernels.rowdot", mod)
     spec.loader.exec_module(mod)
-    p = eval(entry, {"Path": registry.Path, "_OUT": registry._OUT})
-    monkeypatch.setattr(registry, "PATHS", registry.PATHS + (p,))
-    monkeypatch.setitem(registry.BY_NAME, p.name, p)
-    monkeypatch.setattr(golden.sources, "source_files", lambda path: [])   # the file is not in the tree
-    dispatch.clear_cache()
-    dispatch._serves.cache_clear()
-    yield p
-    dispatch.clear_cache()
-    dispatch._serves.cache_clear()
+    ns = {"Entry": table.Entry, "_OUT": registry._OUT}
+    exec(entry, ns)
+    assert ns["ENTRY"].module == "kernels.rowdot", ns["ENTRY"]
+    return register_path(ns["ENTRY"], mod, **ns["CLAIMS"])
 
 
 def test_the_example_passes_the_check_engine(rowdot, device):
