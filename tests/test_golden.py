@@ -231,7 +231,9 @@ def test_model_capture_without_a_runner_is_a_clear_error(tmp_path, monkeypatch, 
         golden_model.capture_model(tmp_path, DEVICE, None)
     with pytest.raises(golden_model.ModelRunnerMissing, match=r"has no prepare\(\).*\n.*must provide"):
         golden_model.capture_model(tmp_path, DEVICE, types.SimpleNamespace())
+    import pq2verify.gsm8k
     monkeypatch.setitem(sys.modules, "pq2verify.gsm8k.model", None)      # the app's import fails as if absent
+    monkeypatch.delattr(pq2verify.gsm8k, "model", raising=False)        # also once an earlier test imported it
     with pytest.raises(golden_model.ModelRunnerMissing, match=r"pq2verify.gsm8k.model is not there.*\n.*must provide"):
         golden_cli.model_runner()
     assert cli.main(["golden", "capture", "--model", "--dir", str(tmp_path)]) == 2
