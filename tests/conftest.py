@@ -63,3 +63,12 @@ def register_path():
     yield add
     mp.undo()
     clear()
+
+
+@pytest.fixture
+def cpu_only(device):
+    """A test of the suite's own logic (attribution, lookups, rendering) that runs its kernels on
+    CPU tensors under the interpreter: under --device cuda the kernels are compiled and cannot
+    take them, and the CPU suite, which CI runs, is where it is judged."""
+    if device == "cuda":
+        pytest.skip("judged by the CPU suite: its kernels run on CPU tensors under the interpreter")

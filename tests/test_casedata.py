@@ -14,7 +14,7 @@ from pq2verify.bits import bits
 PATHS = ("int_gemv", "gemv")
 
 
-def test_a_check_run_looks_each_case_up_once(monkeypatch):
+def test_a_check_run_looks_each_case_up_once(monkeypatch, cpu_only):
     """Per case: one lookup of its own path, and one of the path its claim names where that
     path serves the case's M (the claim is checked); no stage looks either up again."""
     cs = [c for c in cases.check_cases("small", paths=list(PATHS), dtypes=["bf16"], layouts=["prepared"])
@@ -40,7 +40,7 @@ def test_a_check_run_looks_each_case_up_once(monkeypatch):
 
 @pytest.mark.parametrize("path,layout", [("int_gemv", "prepared"), ("int_gemv", "raw"), ("native", "raw"),
                                          ("cublas", "dense")])
-def test_check_and_golden_build_the_same_data(path, layout):
+def test_check_and_golden_build_the_same_data(path, layout, cpu_only):
     """A golden case's x, weight and FP64 references, as the check builds them (seeded) and as
     golden capture builds them (generated on the CPU, the references from the bytes): the same
     bytes through the one builder."""

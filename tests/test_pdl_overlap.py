@@ -61,6 +61,9 @@ def planted_source() -> str:
     launch reads its activations with no wait at all."""
     src = (ROOT / "kernels" / "small_mma.py").read_text()
     assert src.count(ANCHOR) == 1, "the plant's anchor moved in kernels/small_mma.py"
+    # the copy is loaded under another module name: it validates as small_mma's table entry
+    assert src.count("validate.kernel_out(__name__,") == 1, "small_mma's validation call moved"
+    src = src.replace("validate.kernel_out(__name__,", 'validate.kernel_out("kernels.small_mma",')
     return src.replace(ANCHOR, ANCHOR.replace("if PDL:", "if PDL and SPLIT > 1:"))
 
 
@@ -272,20 +275,25 @@ def test_planted_read_before_the_wait_is_caught_every_time(m, tmp_path, monkeypa
 
 
 # --- CPU: the construction ------------------------------------------------------------------
-def test_planted_variant_is_built(tmp_path):
+def test_planted_variant_is_built(tmp_path, device):
     """The plant changes exactly the wait's condition in small_mma's source; the module loads
     (here on the interpreter) with its kernel and run(); the cases cover single and split."""
     real = (ROOT / "kernels" / "small_mma.py").read_text()
     src = planted_source()
     assert src != real and src.count("if PDL and SPLIT > 1:") == 1
     diff = [(a, b) for a, b in zip(real.splitlines(), src.splitlines()) if a != b]
-    assert diff == [("    if PDL:", "    if PDL and SPLIT > 1:")], diff
+    assert [d for d in diff if "kernel_out" not in d[0]] == [("    if PDL:", "    if PDL and SPLIT > 1:")], diff
+    assert len(diff) == 2, diff            # and the validation call names small_mma's entry
     # the changed condition guards griddepcontrol.wait, not the launch_dependents at the top
     at = src.index("if PDL and SPLIT > 1:")
     assert src.index("tl.extra.cuda.gdc_wait()", at) < src.index("_sums_scales(", at)
     mod = load_planted(tmp_path)
     assert mod.__name__ != "kernels.small_mma" and callable(mod.run)
     assert "SPLIT > 1" in inspect.getsource(mod._small_mma_kernel.fn)
+    if device != "cuda":     # it runs as small_mma does (a module name alone once broke it)
+        from kernels import small_mma
+        x, w = graphs.make_inputs("small_mma", 2, 64, 256, seed=3, device="cpu")
+        assert same_bits(mod.run(x, w), small_mma.run(x, w))
     for name in MS:
         assert {c[4] == 1 for c in CASES if c[0] == name} == {True, False}, f"{name}: single and split cases"
     # small consumers: they finish well inside the hold

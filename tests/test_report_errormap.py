@@ -26,8 +26,8 @@ def _red(rgb):
     return (rgb[..., 0] > 0.6) & (rgb[..., 1] < 0.4) & (rgb[..., 2] < 0.4)
 
 
-@pytest.fixture(scope="module")
-def planted():
+@pytest.fixture
+def planted(cpu_only):
     bn = errormap.tiles(CASE.path, CASE.n, CASE.k, CASE.m, interpret=True)[3]["BN"]
     lo, hi = bn, min(2 * bn, CASE.n)
     assert hi > lo, "the case must have a second column tile"

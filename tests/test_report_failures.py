@@ -32,7 +32,7 @@ def _fault(case, what):
         elif what == "dots" and dots is not None:
             dots[0, 0, 0] += 1
         elif what == "noise":
-            y.add_(torch.randn(y.shape, generator=None).to(y.dtype) * 1e-2)
+            y.add_(torch.randn(y.shape, device=y.device).to(y.dtype) * 1e-2)
         elif what == "guard":
             torch.as_strided(y, (1,), (1,), y.storage_offset() + y.numel()).fill_(0.0)
         return y

@@ -44,7 +44,7 @@ def _reworded(res: dict) -> dict:
     return out
 
 
-def test_replay_counts_failed_checks_whatever_the_messages_say():
+def test_replay_counts_failed_checks_whatever_the_messages_say(cpu_only):
     res = _replay_run()
     got = replay_cli._checks_failed(res)
     names = {part.rsplit(" ", 1)[0] for part in got.split(", ")}
@@ -53,7 +53,7 @@ def test_replay_counts_failed_checks_whatever_the_messages_say():
         f"rewording the messages changed the failed-check counts {got!r}; reproduce: {HERE} -k whatever_the_messages")
 
 
-def test_rewording_every_message_keeps_the_replays_attribution(monkeypatch):
+def test_rewording_every_message_keeps_the_replays_attribution(monkeypatch, cpu_only):
     from pq2verify import verdicts
     res = _replay_run()
     monkeypatch.setattr(verdicts, "wording", lambda check, text: "x")
@@ -130,7 +130,7 @@ def test_a_looser_tolerance_in_the_library_passes_the_plant_in_check_replay_and_
     assert _verdicts_of_three(p, c, inp, y) == (False, False, False), f"reproduce: {HERE} -k looser_tolerance"
 
 
-def test_a_tighter_element_bound_in_the_library_fails_check_and_replay(monkeypatch):
+def test_a_tighter_element_bound_in_the_library_fails_check_and_replay(monkeypatch, cpu_only):
     from pq2verify import numerics
     p = registry.get("int_gemv")
     c = cases.seeded(cases.Case(p.name, "b", 64, 384, 2, "bf16", "prepared"))

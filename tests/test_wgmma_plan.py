@@ -115,7 +115,8 @@ def _raced(mmq_wgmma, prepare, monkeypatch, shared: bool):
     x2, _ = graphs.make_inputs("mmq_wgmma", 64, 512, 1024, seed=9, device="cuda")
     r1, r2 = mmq_wgmma.twin(x1, w), mmq_wgmma.twin(x2, w)
     mmq_wgmma.run(x1, w)   # compiled and loaded before the race
-    torch.cuda.synchronize()
+    torch.cuda._sleep(1)   # and the sleep kernel: CUDA loads a module lazily, which can wait for the
+    torch.cuda.synchronize()   # device to drain, i.e. behind a spinning rendezvous
     rv = overlap.Rendezvous(2)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     real = prepare.quantize_q8
