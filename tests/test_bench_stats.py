@@ -408,6 +408,35 @@ def test_a_slowdown_whose_interval_excludes_one_fails_the_gate():
     assert gone["missing"] == ["shape:out:m1"] and not gone["rows"]
 
 
+def _row(key, **sides):
+    return {"kind": "shape", "key": key, "status": "timed",
+            "sides": {s: {"rounds": v, "path": s} for s, v in sides.items()}}
+
+
+def test_the_gate_judges_each_side_against_the_bf16_drift():
+    """Both runs' BF16 side is a library the change cannot touch: a lease whose every side is 1%
+    slower (BF16 too) is drift, within noise; B 5% slower with BF16 unchanged fails; the BF16
+    side is the reference and the A/A rows are not judged."""
+    rng = np.random.default_rng(3)
+
+    def r(v):
+        return list(v * (1 + rng.uniform(-0.002, 0.002, 9)))
+    hdr = _run([1.0])["header"]
+    old = {"header": hdr, "rows": [_row("shape:out:m2048", a=r(372), b=r(207), bf16=r(160)),
+                                   _row("aa", a=r(372))]}
+    drift = {"header": hdr, "rows": [_row("shape:out:m2048", a=r(376), b=r(209), bf16=r(161.6)),
+                                     _row("aa", a=r(380))]}
+    g = bench.baseline.compare(drift, old)
+    assert not g["regressions"], g["regressions"]
+    assert {(e["key"], e["side"]) for e in g["rows"]} == {("shape:out:m2048", s) for s in ("a", "b", "bf16")}
+    assert all(not e["regression"] for e in g["rows"])
+    raw = next(e for e in g["rows"] if e["side"] == "a")["raw"]
+    assert raw["hi"] < 1, "the drift alone must exclude 1 (else this test shows nothing)"
+    slow = {"header": hdr, "rows": [_row("shape:out:m2048", a=r(372), b=r(217.4), bf16=r(160))]}
+    g = bench.baseline.compare(slow, old)
+    assert len(g["regressions"]) == 1 and g["regressions"][0].startswith("shape:out:m2048 b: 0.95"), g["regressions"]
+
+
 def test_bench_baseline_on_the_cli(tmp_path, capsys):
     """A dry run against its own stored result passes (the fake timings repeat exactly); against
     a stored run whose B was 10% faster it fails with the row named; a stored run from another

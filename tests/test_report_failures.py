@@ -56,6 +56,8 @@ FAULTS = [
 def failed(device):
     out = []
     for case, what, run, want in FAULTS:
+        if "fold" in run and device == "cuda":
+            continue      # the declared-fold check runs on the CPU only (checks.evaluate)
         r = checks.evaluate(case, device, checks=run, reruns=2, kernel=_fault(case, what))
         assert want <= set(r.failed), (what, r.failed, r.message())
         out.append(r)

@@ -104,10 +104,13 @@ def test_one_workspace_per_stream_and_none_in_a_capture():
 
 
 def _raced(mmq_wgmma, prepare, monkeypatch, shared: bool):
-    """Two eager calls on two streams, forced to interleave: stream 1 quantizes x1, meets
-    stream 2, then sleeps ~200 µs before its MMA kernel; stream 2 quantizes x2 and runs in that
-    window. With one workspace per stream each output is its own input's; with one shared
-    workspace stream 1's MMA reads x2's codes, every time."""
+    """Two eager calls on two streams, forced to interleave: stream 1 quantizes x1, then waits at
+    a rendezvous, then sleeps ~2 ms before its MMA kernel; stream 2 waits at the same rendezvous,
+    then quantizes x2 and runs its MMA in that window. The third party is launched from a third
+    stream only once both calls are queued, so host launch latency cannot eat into the window
+    (a two-party version missed it once while another process loaded the host). With one
+    workspace per stream each output is its own input's; with one shared workspace stream 1's
+    MMA reads x2's codes, every time."""
     mmq_wgmma._workspace.clear()
     if shared:
         monkeypatch.setattr(mmq_wgmma, "_slot", lambda device: (0, "one workspace for every stream"))
@@ -117,15 +120,15 @@ def _raced(mmq_wgmma, prepare, monkeypatch, shared: bool):
     mmq_wgmma.run(x1, w)   # compiled and loaded before the race
     torch.cuda._sleep(1)   # and the sleep kernel: CUDA loads a module lazily, which can wait for the
     torch.cuda.synchronize()   # device to drain, i.e. behind a spinning rendezvous
-    rv = overlap.Rendezvous(2)
-    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    rv = overlap.Rendezvous(3)
+    s1, s2, s3 = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
     real = prepare.quantize_q8
 
     def held(x, *a, **kw):
         out = real(x, *a, **kw)
         if torch.cuda.current_stream() == s1:
             rv.meet()
-            torch.cuda._sleep(400_000)      # ~200 µs at 2 GHz: stream 2's calls finish within it
+            torch.cuda._sleep(4_000_000)    # ~2 ms at 2 GHz: stream 2's two kernels finish within it
         return out
     monkeypatch.setattr(prepare, "quantize_q8", held)
     with torch.cuda.stream(s1):
@@ -133,9 +136,11 @@ def _raced(mmq_wgmma, prepare, monkeypatch, shared: bool):
     with torch.cuda.stream(s2):
         rv.meet()
         y2 = mmq_wgmma.run(x2, w)
+    with torch.cuda.stream(s3):
+        rv.meet()                           # everything is queued: release both
     torch.cuda.synchronize()
     monkeypatch.setattr(prepare, "quantize_q8", real)
-    assert rv.met() == 2, "the two streams never met: the overlap was not forced"
+    assert rv.met() == 3, "the three parties never met: the overlap was not forced"
     return torch.equal(y1, r1) and torch.equal(y2, r2)
 
 
