@@ -4,7 +4,8 @@ config forced through `run(..., config=)` / `fold(..., config=)`, and the sweep 
 
 Field names are shared by every path, so a test can build a shape that exercises a config from
 the config alone: BM, BN, BK (tiles along M, N, K), GB / GC (groups a step / a chunk loads),
-groups_per_split or k_per_split with SPLIT (split-K), UNROLL, SWAP, PREFETCH, num_warps,
+groups_per_split or k_per_split with SPLIT (split-K), UNROLL, SWAP, PREFETCH, DEPTH (chunks in
+flight), num_warps,
 num_stages."""
 from . import table
 
@@ -46,10 +47,10 @@ def _bad(path, field, value, why):
     return ValueError(f"{path}: config field {field}={value!r}: {why}")
 
 
-def integer(lo: int = 1):
+def integer(lo: int = 1, hi: int | None = None):
     def rule(path, field, v):
-        if type(v) is not int or v < lo:
-            raise _bad(path, field, v, f"expected an integer >= {lo}")
+        if type(v) is not int or v < lo or (hi is not None and v > hi):
+            raise _bad(path, field, v, f"expected an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
     return rule
 
 

@@ -47,6 +47,21 @@ def variants_arg(text: str) -> dict:
     return v
 
 
+def variant_config(n, k, m, fields: dict) -> dict:
+    """The chooser's config at (N, K, M) with a variant's fields over it. Two fields are this
+    tool's, not a kernel's: "SPLIT1": true runs every shape unsplit; gemv's FUSE is forced only
+    where the config has SPLIT = 1 (a fused call cannot split)."""
+    mod = path_of(m)
+    fields = dict(fields)
+    unsplit = fields.pop("SPLIT1", False)
+    cfg = {**mod.config(n, k, m, interpret=False), **fields}
+    if unsplit:
+        cfg.update(SPLIT=1, groups_per_split=k // 128)
+    if cfg.get("FUSE") and cfg["SPLIT"] > 1:
+        cfg["FUSE"] = False
+    return cfg
+
+
 def variant_errors(variants: dict, ms: list) -> list:
     """Why a variant cannot run: a field unknown to the path of some M, or out of its rule
     (pq2verify.tiles checks each one)."""
@@ -54,7 +69,7 @@ def variant_errors(variants: dict, ms: list) -> list:
     for lab, fields in variants.items():
         for m in ms:
             try:
-                path_of(m).fold(5120, 5120, m, interpret=False, config=fields)
+                path_of(m).fold(5120, 5120, m, interpret=False, config=variant_config(5120, 5120, m, fields))
             except ValueError as e:
                 bad.append(f"variant {lab!r} at M={m}: {e}")
     return bad
@@ -62,7 +77,7 @@ def variant_errors(variants: dict, ms: list) -> list:
 
 def call(x, w, out, m, fields):
     mod = path_of(m)
-    cfg = {**mod.config(w.n, w.k, m, interpret=False), **fields}
+    cfg = variant_config(w.n, w.k, m, fields)
     return lambda: mod.run(x, w, out=out, check=False, config=cfg)
 
 
