@@ -29,7 +29,7 @@ def _share_cores(config) -> None:
 
 
 def pytest_configure(config):
-    from pq2verify import backend
+    from kernels import backend
     _share_cores(config)
     try:
         config._pq2_device = backend.select(config.getoption("--device"))
@@ -62,7 +62,7 @@ def _kernel_mode_unchanged():
     """A test that changes the interpreter mode, the CPU backend or the device selection, or
     imports a kernel module in the other mode, would break whatever runs after it: fail that
     test (naming what changed) and put the mode back, so the next test starts clean."""
-    from pq2verify import backend
+    from kernels import backend
     before, mixed_before = backend.mode_state(), set(backend.mixed_kernels())
     yield
     after = backend.mode_state()

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from .weights import BLOCK, PQ2Weight, pack_codes
+from kernels.format import BLOCK, PQ2Weight, pack_codes
 
 ONES = 6   # elements of each group set to 1.0 in x
 
@@ -131,7 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--span", type=int, default=None, help="groups the special terms are placed in")
     ap.add_argument("--n", type=int, default=None, help="weight rows (the placements repeated)")
     a = ap.parse_args(argv)
-    from . import backend, registry
+    from kernels import backend
+    from . import registry
     names = a.paths.split(",")
     try:
         if len(names) != 2:

@@ -37,7 +37,8 @@ def _proofs(key: str) -> tuple[dict | None, str | None]:
     """(what the record holds, why it cannot be read): held / refuted (from the current sources)
     / not current (unproven, stale, an older format) / not derived (a tuned path without an
     entry). (None, None) without a record file."""
-    from . import kernelsets, registry
+    from kernels import sets as kernelsets
+    from . import registry
     if not kernelsets.verified_file(key).is_file():
         return None, None
     try:
@@ -70,7 +71,8 @@ def status(key: str | None = None) -> dict:
     record: missing (each with item, path and detail; empty when nothing is), whether the exact
     set equals legacy here, the proofs the record holds, and the steps that make what is
     missing (in order, then commit the files)."""
-    from . import backend, golden, kernelsets
+    from kernels import backend, sets as kernelsets
+    from . import golden
     key = key or backend.golden_key()
     key = "interpreter" if key == "emulate" else key
     rec_path = _rel(kernelsets.verified_file(key))
@@ -148,7 +150,7 @@ def key_for(args) -> str | None:
     """The backend key a parsed command line runs on: golden's --backend where it names one,
     else this process's. None where it cannot be known yet (golden --backend cuda without a
     GPU: golden refuses it itself)."""
-    from . import backend
+    from kernels import backend
     choice = getattr(args, "backend", "auto") if getattr(args, "command", None) == "golden" else "auto"
     if choice == "interpreter":
         return "interpreter"

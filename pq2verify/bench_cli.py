@@ -125,7 +125,7 @@ def _check_outputs(args) -> None:
 
 
 def _selftest(args, console) -> int:
-    from . import backend
+    from kernels import backend
     from .bench import selftest
     if args.dry_run or backend.device() != "cuda":
         raise UsageError("--selftest times planted faults on a CUDA GPU; it has no dry run (its logic is "
@@ -144,7 +144,8 @@ def _selftest(args, console) -> int:
 def run(args) -> int:
     from rich.console import Console
 
-    from . import backend, bench, outputs
+    from kernels import backend
+    from . import bench, outputs
     from .bench import report as bench_report
     if args.selftest:
         for opt, v in (("--baseline", args.baseline), ("--resume", args.resume or None), ("--report", args.report),

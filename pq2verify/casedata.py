@@ -133,7 +133,7 @@ def make_weight(meta: dict) -> torch.Tensor:
 
 def weight_for(rc: Resolved, data: torch.Tensor, device):
     """The case's weight on the device, in the case's layout."""
-    from .weights import PQ2Weight
+    from kernels.format import PQ2Weight
     c = rc.case
     if rc.dense:
         return data.to(device)

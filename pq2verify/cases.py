@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import kernelsets, registry
+from kernels import sets as kernelsets
+from . import registry
 from .inputs import ACTIVATION_KINDS, KINDS
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -580,7 +580,8 @@ def _fits(todo: list, dev: str) -> None:
 def select(args, shapes: str) -> list:
     """The cases to run; a filter that is unknown or selects nothing is a usage error (an empty
     selection would otherwise read PASS: 0 of 0)."""
-    from . import backend, cases, registry
+    from kernels import backend
+    from . import cases, registry
     if args.case:
         if _filters(args):
             raise UsageError("--case runs exactly the cases named; it does not combine with "
@@ -632,7 +633,8 @@ def run(args) -> int:
     cli.parse_paths(args.paths)
     if args.render:
         return render(args)
-    from . import backend, checks, provenance
+    from kernels import backend
+    from . import checks, provenance
     console = Console(highlight=False, width=100)
     dev = backend.device()
     shapes = args.shapes if args.shapes != "auto" else ("bonsai27b" if dev == "cuda" else "small")

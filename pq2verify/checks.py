@@ -231,10 +231,11 @@ FOLD_K, FOLD_SPAN, FOLD_N = 1024, 5, 120
 
 def _declared_fold(r: Result, c: Case, p: registry.Path, device, kernel) -> None:
     """The output bytes equal the emulation of the FP32 order the path declares (registry.Path.fold,
-    pq2verify.emulation) on inputs whose group terms cancel, where another order gives other
+    kernels.emulation) on inputs whose group terms cancel, where another order gives other
     bytes: a path that computes another path's order (its counterpart's, say) fails. The
     interpreter only: a GPU compiler may contract the fold into an FMA, the emulation never does."""
-    from . import adversarial, emulation
+    from kernels import emulation
+    from . import adversarial
     w = adversarial.weight(FOLD_K, device, span=FOLD_SPAN, n=FOLD_N)
     w = w.to_raw() if c.layout == "raw" else w
     x = adversarial.activations(c.m, FOLD_K, DTYPES[c.dtype], device)

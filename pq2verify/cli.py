@@ -236,7 +236,8 @@ def list_paths() -> str:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    from . import backend, dispatch, outputs
+    from kernels import backend, dispatch
+    from . import outputs
     try:
         backend.select(args.device)
     except (RuntimeError, ValueError) as e:

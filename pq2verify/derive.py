@@ -17,7 +17,8 @@ import inspect
 import json
 from pathlib import Path
 
-from . import adversarial, cases, checks, dispatch, kernelsets, outputs, provenance, registry, tiles
+from kernels import dispatch, sets as kernelsets
+from . import adversarial, cases, checks, outputs, provenance, registry, tiles
 from .bits import same_bits
 
 # What the same Q8 scales, fold term and output rounding rest on: each name must be called in

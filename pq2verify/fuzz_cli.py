@@ -67,7 +67,7 @@ def register(sub):
 def replay_line(seed: int, paths, max_cases=None) -> str:
     """The command that draws the same cases: same seed and paths, and the interpreter where a
     GPU is present but this run used the CPU (each backend draws its own sizes)."""
-    from . import backend
+    from kernels import backend
     from .cases import RUN
     dev = " --device cpu" if backend.device() == "cpu" and backend.cuda_available() else ""
     return (f"{RUN}{dev} fuzz --seed {seed}" + (f" --paths {','.join(paths)}" if paths else "")
@@ -75,7 +75,8 @@ def replay_line(seed: int, paths, max_cases=None) -> str:
 
 
 def main(args) -> int:
-    from . import backend, cases, fuzz, provenance
+    from kernels import backend
+    from . import cases, fuzz, provenance
     sel = cases.select_paths(cli.parse_paths(args.paths))
     outputs.check(cli.output_paths(args))
     budget = args.budget_s if args.budget_s is not None else (None if args.max_cases else DEFAULT_BUDGET_S)

@@ -46,7 +46,7 @@ def register(sub):
 
 
 def _select_backend(choice: str) -> str:
-    from . import backend
+    from kernels import backend
     if choice == "auto":
         return backend.device()
     try:
@@ -71,7 +71,7 @@ def _check_args(args):
                                  "of the model, verified as a whole)")
     cli.parse_paths(args.paths)
     if args.kernels is not None:
-        from .kernelsets import check_name
+        from kernels.sets import check_name
         try:
             check_name(args.kernels, "--kernels ")
         except ValueError as e:
@@ -139,7 +139,8 @@ def _capture_target(d: Path, key: str, model: bool) -> None:
 def run(args) -> int:
     asked = _check_args(args)
     device = _select_backend(args.backend)
-    from . import backend, golden
+    from kernels import backend
+    from . import golden
     names_ = [p.name for p in golden.select_paths(asked, args.kernels)]
     if not names_:      # an empty selection must not verify nothing (or everything) and pass
         raise UsageError(f"no path matches --kernels {args.kernels} --paths {','.join(asked or ())}")
@@ -356,7 +357,7 @@ def _json(g, outcomes, key, dest, ok, error=None) -> str:
 
 def _html(g, outcomes, key, dest, error=None) -> str:
     from . import backend_status, golden
-    from . import html_report as h
+    from .report import html as h
     bad = sum(not o.ok for o in outcomes)
     body = [h.meta({**{k: (g.manifest if g else {}).get(k) for k in ("backend", "date", "commit", "torch", "triton")},
                     "backend_status": backend_status.status(key)})] + ([h.pre(error)] if error else []) + [

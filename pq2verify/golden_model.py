@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
-from . import backend, dispatch, provenance
+from kernels import backend, dispatch
+from . import provenance
 from .golden import (FORMAT, MANIFEST, GoldenIntegrityError, _provenance, _save_tensors, compare, load,
                      tensor_sha256)
-from .weights import PQ2Weight
+from kernels.format import PQ2Weight
 
 POSITIONS = (1, 32, 128)
 # The runner is passed in (the commands pass the GSM8K app's, pq2verify.gsm8k.model): this
@@ -26,7 +27,7 @@ CONTRACT = """a model runner must provide
   prepare(path, digits, device) -> an object with .model (a transformers causal LM, or anything
       called as model(input_ids=..., past_key_values=..., use_cache=True) -> .logits,
       .past_key_values) and .tokenizer (tokenizer(text, return_tensors='pt').input_ids),
-whose PQ2 projections call pq2verify.dispatch.pq2_matmul on PQ2Weights that its modules hold
+whose PQ2 projections call kernels.dispatch.pq2_matmul on PQ2Weights that its modules hold
 (directly, or as .w of an attribute, e.g. a stack of sibling projections)."""
 
 

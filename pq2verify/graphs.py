@@ -17,9 +17,9 @@ from typing import Callable
 
 import torch
 
+from kernels.format import PQ2Weight
 from . import inputs, registry
 from .bits import ndiff, same_bits
-from .weights import PQ2Weight
 
 # Module-level caches of the launchers and the dispatch, classified: "scratch" buffers may hold
 # anything between calls (the checks fill them with NaN before calls), everything else found
@@ -74,7 +74,7 @@ def path_call(path, x, w, *, kernel=None) -> Call:
 
 
 def matmul_call(kset: str, x, w) -> Call:
-    from .dispatch import pq2_matmul
+    from kernels.dispatch import pq2_matmul
     f = functools.partial(pq2_matmul, kernels=kset)
     return Call(f"pq2_matmul[{kset}]", x, w, lambda: f(x, w), f)
 

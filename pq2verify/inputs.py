@@ -3,7 +3,7 @@ large weights (hundreds of MB) cost no host time. Codes are drawn like real tern
 0, 1, 2 about a third each, never 3 (uniform random bytes would include code 3)."""
 import torch
 
-from .weights import BLOCK, PQ2Weight, pack_codes
+from kernels.format import BLOCK, PQ2Weight, pack_codes
 
 ACTIVATION_KINDS = ("normal", "heavy", "outliers", "zero_groups", "ties")
 # Regimes the fuzzer draws besides those; kept out of ACTIVATION_KINDS, whose order the check and

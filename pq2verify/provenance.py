@@ -48,7 +48,7 @@ def collect(status: bool = True) -> dict:
     one of those files (derive's) leaves it out: it would describe the state before it."""
     import torch
     import triton
-    from . import backend
+    from kernels import backend
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": commit(), "backend": backend.name(), "torch": torch.__version__,
             "triton": triton.__version__, "python": platform.python_version(), "host": platform.node()}

@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import dispatch, golden, golden_model, registry, verdicts
-from .weights import PQ2Weight
+from kernels import dispatch
+from kernels.format import PQ2Weight
+from . import golden, golden_model, registry, verdicts
 
 # the bias test's threshold and the Q8 allowance's reason live with the other bounds
 from .numerics import BIAS_ALPHA, BIAS_WHY, Q8_WHY, bias, bias_threshold  # noqa: E402,F401
@@ -206,7 +207,7 @@ def _refold(x, w, dots, dtype, *, reverse=False, rounding="nearest"):
     """sum over groups (0..G-1, or G-1..0) of (dot * xs) * ws in FP32 from 0.0 on the call's own
     dots, rounded once to dtype: to nearest (the integer paths' expression in another valid
     order), or toward +inf / -inf (an output conversion that rounds the wrong way)."""
-    from .emulation import quantize_q8
+    from kernels.emulation import quantize_q8
     _, xs = quantize_q8(x)
     ws = w.scales_matrix().to(torch.float32)
     acc = torch.zeros(dots.shape[:2], dtype=torch.float32, device=dots.device)
@@ -393,7 +394,7 @@ def _call(x, w, emulated_dots):
 def _emulated_dots(c: Call, w: PQ2Weight, cache: dict):
     def get():
         if c.key not in cache:     # faults change scales, never codes: one set per call
-            from . import emulation
+            from kernels import emulation
             q, _ = emulation.quantize_q8(c.x)
             cache[c.key] = emulation.group_dots(q, w).permute(1, 2, 0).to(torch.int32)
         return cache[c.key]
@@ -448,7 +449,7 @@ def resolve_paths(spec: dict, calls, weights) -> list[str]:
 def fold_plan(path: str, m: int, w: PQ2Weight, key: str):
     """The path's FP32 order for this call as splits -> lanes -> groups (emulation.kernel_plan,
     from the kernel file's own fold()), or None where it declares none."""
-    from . import emulation
+    from kernels import emulation
     try:
         return emulation.kernel_plan(path, m, w, interpret=key == "interpreter")
     except TypeError:

@@ -86,7 +86,7 @@ def _base(args, device) -> list:
 
 def command(args) -> str:
     """The command line that reproduces this run (from the parsed options, not sys.argv)."""
-    from . import backend
+    from kernels import backend
     env = [f"{k}={os.environ[k]}" for k in ("PQ2_EMULATE_GEMM",) if os.environ.get(k)]
     parts = env + _base(args, backend.device()) + (["--capture-first"] if args.capture_first else [])
     for opt in ("capture", "layers", "limit", "fault", "faults", "json", "markdown"):
@@ -103,12 +103,14 @@ def command(args) -> str:
 
 
 def _capture_dir(args) -> Path:
-    from . import backend, replay
+    from kernels import backend
+    from . import replay
     return Path(args.capture) if args.capture else replay.default_capture(backend.golden_key())
 
 
 def main(args) -> int:
-    from . import backend, outputs, replay
+    from kernels import backend
+    from . import outputs, replay
     faults = _fault_specs(args)          # option values first: nothing is loaded yet
     if args.capture_first:
         if not args.capture:
@@ -147,7 +149,7 @@ def main(args) -> int:
 
 def capture_advice(args, capture: Path) -> str:
     """The commands, runnable from the checkout, that write a model capture into `capture`."""
-    from . import backend
+    from kernels import backend
     dev = backend.device()
     rec = ["./pq2"] + _base(args, dev)[1:] + ["--capture", str(capture), "--capture-first"]
     out = f"`{shlex.join(rec)}` (records the model's calls there, then replays them)"
@@ -204,7 +206,8 @@ def refuse_same(args, rows: list) -> None:
 
 
 def _main(args, spec_a, spec_b, capture: Path) -> int:
-    from . import backend, dispatch, outputs, provenance, registry, replay
+    from kernels import backend, dispatch
+    from . import outputs, provenance, registry, replay
     from .golden_cli import model_runner
     device = backend.device()
     import torch

@@ -41,7 +41,8 @@ def control():
 
 def child(names):
     import torch
-    from pq2verify import backend, graphs, registry
+    from kernels import backend
+    from pq2verify import graphs, registry
     backend.select("cuda")
     if any(registry.get(n).library for n in names):
         control()

@@ -31,8 +31,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import backend, cases, checks, golden, graphs, provenance, registry, verdicts
-from .weights import PQ2Weight
+from kernels import backend
+from kernels.format import PQ2Weight
+from . import cases, checks, golden, graphs, provenance, registry, verdicts
 
 REPRO = "pq2verify --device {device} selftest --paths {path} --faults {fault}"
 RERUNS = 2          # determinism reruns per evaluate (each wrapper call is a fresh random fold)

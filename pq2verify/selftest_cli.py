@@ -49,14 +49,16 @@ def _case_paths(value) -> list | None:
     """--case ids -> the paths whose selftest case they are."""
     if value is None:
         return None
-    from . import backend, cases
+    from kernels import backend
+    from . import cases
     ids = {c.id: c.path for c in cases.profile("selftest", backend.golden_key())}
     got = _names("--case", value, tuple(ids))
     return [ids[i] for i in got]
 
 
 def main(args) -> int:
-    from . import backend, outputs, registry, selftest
+    from kernels import backend
+    from . import outputs, registry, selftest
     if args.list_faults:
         for f in selftest.FAULTS:
             print(f"{f.name:<16} {f.what}")

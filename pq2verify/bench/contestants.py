@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.format import BLOCK_BYTES, PQ2Weight
 from .. import registry
-from ..weights import BLOCK_BYTES, PQ2Weight
 from .checkafter import Probe, Thunks
 from .plan import Config, GB, Shape, call_nbytes, copies_needed, dense_nbytes
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .. import checks, dispatch
+from kernels import dispatch
+from .. import checks
 from .plan import GB
 from .gate import BaselineInputs, Gate, gate, traced_path
 from .contestants import Call, Contestant
@@ -44,7 +45,7 @@ class RealEnv:
         return info
 
     def device_name(self) -> str:
-        from .. import backend
+        from kernels import backend
         return backend.name()
 
     def inputs(self, case):

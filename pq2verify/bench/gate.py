@@ -5,8 +5,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import cases, checks, dispatch
-from ..weights import BLOCK, PQ2Weight, unpack_codes
+from kernels import dispatch
+from kernels.format import BLOCK, PQ2Weight, unpack_codes
+from .. import cases, checks
 from .plan import Config, Shape
 
 

@@ -3,8 +3,9 @@
 import math
 from dataclasses import dataclass, replace
 
-from .. import checks, kernelsets
-from ..weights import BLOCK, BLOCK_BYTES
+from kernels import sets as kernelsets
+from kernels.format import BLOCK, BLOCK_BYTES
+from .. import checks
 
 
 GB = 1e9

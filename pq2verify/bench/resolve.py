@@ -5,7 +5,8 @@ reported as "A == B, not timed" instead of a ratio (items.run_shape / run_step, 
 it again from the traced paths)."""
 import torch
 
-from .. import checks, dispatch
+from kernels import dispatch
+from .. import checks
 from .envs import FakeWeight
 from .gate import bench_case
 from .plan import Config, Item, step_shapes

@@ -19,8 +19,8 @@ from dataclasses import replace
 
 import torch
 
+from kernels.format import PQ2Weight, unpack_codes
 from .. import registry
-from ..weights import PQ2Weight, unpack_codes
 from .checkafter import Probe, Thunks
 from .contestants import Call, Contestant, row_slice, scaled_clone
 from .gate import bench_case

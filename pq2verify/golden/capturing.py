@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from .. import backend, casedata, checks, provenance, registry, verdicts
+from kernels import backend
+from .. import casedata, checks, provenance, registry, verdicts
 from .. import cases as casemodel
 from ..bits import same_bits
 from .isakey import bits_class, _bits_record
@@ -22,7 +23,7 @@ def cases(key: str, paths=None, kset: str | None = None) -> list[checks.Case]:
 
 def select_paths(paths=None, kset: str | None = None) -> list[registry.Path]:
     """Registry paths by name and/or by what the kernel set holds on this backend (the one
-    rule, pq2verify.kernelsets)."""
+    rule, kernels.sets)."""
     return casemodel.select_paths(paths, kset, backend.golden_key())
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from .. import backend, checks, provenance
+from kernels import backend
+from .. import checks, provenance
 
 
 GOLDEN = provenance.ROOT / "golden"

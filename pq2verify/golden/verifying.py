@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import backend, casedata, checks, registry, verdicts
+from kernels import backend
+from .. import casedata, checks, registry, verdicts
 from ..bits import same_bits
 from ..verdicts import compare, compare_bound
 from . import capturing, isakey

@@ -176,8 +176,8 @@ def _busy_cores(cores: int) -> float:
 def _predict_paths(spec, device, dtype, batch) -> list[str]:
     """Which paths the run's kernel spec resolves to, for decode M 1..min(batch,16) and prefill."""
     import torch
-    from .. import dispatch
-    from ..weights import PQ2Weight
+    from kernels import dispatch
+    from kernels.format import PQ2Weight
     from .runs import EnvSwitch, spec_env
     w = PQ2Weight.from_prepared(torch.zeros(128 // 4 * 1 + 2, dtype=torch.uint8), 1, 128).to(device)
     out = set()
@@ -212,7 +212,7 @@ def main(args) -> int:
     outputs.check(outputs=[("--html", getattr(args, "html", None))],
                   inputs=[("--data", data_in), ("--model", args.model)],
                   folders=[("--out", args.out or DEFAULT_ROOT)])
-    from .. import backend
+    from kernels import backend
     try:
         # --cpu-backend for this run only (the interpreter mode itself is never flipped)
         with backend.using_cpu_backend(args.cpu_backend):
@@ -224,7 +224,7 @@ def main(args) -> int:
 
 def _main(args) -> int:
     t_start = time.perf_counter()
-    from .. import backend
+    from kernels import backend
     device = backend.device()
     from .model import check_graphs
     check_graphs(args.graphs, device)     # before any work
@@ -233,7 +233,8 @@ def _main(args) -> int:
         _cpu_setup(args)
     elif args.threads:
         torch.set_num_threads(args.threads)
-    from .. import dispatch, outputs
+    from kernels import dispatch
+    from .. import outputs
     from . import data, extract, generate, model as mdl, report, switch
     from .runs import RunDir, config_key, parse_spec, spec_text
 
@@ -384,7 +385,7 @@ def _main(args) -> int:
         "backend_status": __import__("pq2verify.backend_status", fromlist=["status"]).status(bkey),
         "decode_graphs": _graph_stats(conv),
         "cpu_threads": torch.get_num_threads(),
-        "emulation_gemm": __import__("pq2verify.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
+        "emulation_gemm": __import__("kernels.emulation", fromlist=["gemm_kind"]).gemm_kind() if bkey == "emulate" else None,
         "predicted_paths": {"a": pa, "b": pb}, "predicted_differences": differ,
         "runs": [{k: v for k, v in r.items() if k != "recs"} for r in runs],
         "compare": cmp, "control": ctrl, "floor": fl, "teacher": tf, "verdict": vd,

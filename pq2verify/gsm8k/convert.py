@@ -9,7 +9,7 @@ A matrix already ternary per group ({-a, 0, a}) is the case T = 1, and is then l
 """
 import torch
 
-from ..weights import BLOCK, BLOCK_BYTES, PQ2Weight
+from kernels.format import BLOCK, BLOCK_BYTES, PQ2Weight
 
 
 # balanced_ternary works on float32 integers, exact up to 2^23 in magnitude: T digits need

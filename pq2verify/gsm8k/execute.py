@@ -58,8 +58,8 @@ def signature(spec: dict, fold: tuple, dev, dtype):
     """M -> (path, folds reversed) of a run's calls at M: two runs whose signatures agree at every
     M of a forward compute it bit for bit alike (memoized per M)."""
     import torch
-    from .. import dispatch
-    from ..weights import PQ2Weight
+    from kernels import dispatch
+    from kernels.format import PQ2Weight
     from .model import Usage
     from .runs import EnvSwitch, spec_env
     w = PQ2Weight.from_prepared(torch.zeros(128 // 4 + 2, dtype=torch.uint8), 1, 128).to(dev)
@@ -261,7 +261,7 @@ def _ranges(c: Counter) -> str:
 
 def _bar(total, desc, position, stream=None):
     """Questions done: a tqdm bar on a terminal; in a log (CI, a pipe, a GPU runner), a plain line
-    every few seconds (pq2verify.progress), never a carriage-return counter."""
+    every few seconds (pq2verify.report.progress), never a carriage-return counter."""
     stream = stream or sys.stderr
     if getattr(stream, "isatty", lambda: False)():
         try:
@@ -276,7 +276,7 @@ class _LineBar:
     """tqdm's update / set_postfix_str / close, written as progress.Progress lines."""
 
     def __init__(self, total, desc, stream):
-        from ..progress import Progress
+        from ..report.progress import Progress
         self.n, self.desc, self.post = 0, desc, ""
         self.p = Progress(total, stream=stream)
 

@@ -33,8 +33,9 @@ def fold_ranges(spec_a: dict, spec_b: dict, device: str, dtype) -> tuple:
     """M ranges [(lo, hi or None)] where A's and B's kernel specs resolve to different paths
     (all Ms if none): the calls whose fold order the floor run reverses."""
     import torch
-    from .. import dispatch, registry
-    from ..weights import PQ2Weight
+    from kernels import dispatch
+    from kernels.format import PQ2Weight
+    from .. import registry
     from .runs import EnvSwitch, spec_env
     cuts = sorted({p.m_min for p in registry.PATHS} | {p.m_max + 1 for p in registry.PATHS if p.m_max} | {1})
     w = PQ2Weight.from_prepared(torch.zeros(128 // 4 + 2, dtype=torch.uint8), 1, 128).to(device)

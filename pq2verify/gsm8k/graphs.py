@@ -14,7 +14,7 @@ trace exactly as the eager call would, so a run's trace is the same with graphs 
 from collections import Counter
 from dataclasses import dataclass
 
-from .. import dispatch
+from kernels import dispatch
 
 MAX_M = 16      # decode batches; prefills (M = a batch's tokens) run eagerly
 

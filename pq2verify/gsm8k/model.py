@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .. import dispatch
+from kernels import dispatch
 from . import convert
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -176,7 +176,7 @@ class Usage:
 
 def reversed_groups(w):
     """The same PQ2 matrix with its K groups in reverse order (whole 34-byte blocks)."""
-    from ..weights import BLOCK_BYTES, PQ2Weight
+    from kernels.format import BLOCK_BYTES, PQ2Weight
     raw = w.to_raw().data.view(w.n, w.groups, BLOCK_BYTES).flip(1).reshape(w.n, -1)
     out = PQ2Weight.from_raw(raw.contiguous())
     return out.to_prepared() if w.layout == "prepared" else out

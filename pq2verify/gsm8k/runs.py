@@ -19,7 +19,8 @@ from pathlib import Path
 
 from kernels.spec import KernelSpec, use
 
-from .. import kernelsets, registry
+from kernels import sets as kernelsets
+from .. import registry
 
 ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
 

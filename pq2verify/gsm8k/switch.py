@@ -32,8 +32,8 @@ def _classes():
 def predict(spec: dict, device, dtype) -> dict:
     """(K, (M lo, M hi or None)) -> the path the spec resolves to, for every class of call."""
     import torch
-    from .. import dispatch
-    from ..weights import PQ2Weight
+    from kernels import dispatch
+    from kernels.format import PQ2Weight
     from .runs import EnvSwitch, spec_env
     ks, spans = _classes()
     out = {}

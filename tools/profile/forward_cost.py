@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     p.add_argument("--calls", action="store_true", help="also time single PQ2 calls at the model's shapes")
     p.add_argument("--graphs", action="store_true", help="also time each set with the decode calls in CUDA graphs")
     a = p.parse_args(argv)
-    from pq2verify import kernelsets
+    from kernels import sets as kernelsets
     ms = a.m
     try:
         for kset in a.sets.split(","):

@@ -118,7 +118,7 @@ def main():
 
 def per_call(model, dev):
     """Wall time per projection call (launch-bound when it exceeds the kernels' time)."""
-    from pq2verify import dispatch
+    from kernels import dispatch
     stack = model.model.layers[0].mlp.gate_proj.stack
     for m in (1, 16):
         x = torch.randn(m, 576, device=dev, dtype=torch.bfloat16)
