@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kernels import table
-from pq2verify import cases, checks, dispatch, emulation, golden, registry, selftest
+from kernels import dispatch, emulation
+from pq2verify import cases, checks, golden, registry, selftest
 
 DOC = Path(__file__).parents[1] / "docs" / "ADDING_A_PATH.md"
 
@@ -64,7 +65,7 @@ def test_dispatch_switch_and_trace_reach_it(rowdot, device, monkeypatch):
 
 
 def test_golden_capture_and_verify(rowdot, device, tmp_path):
-    from pq2verify import backend
+    from kernels import backend
     todo = cases.golden_cases(backend.golden_key(), paths=["rowdot"])[:2]
     golden.capture(tmp_path / "g", todo, device, log=lambda *a: None)
     g = golden.load(tmp_path / "g")

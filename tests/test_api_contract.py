@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pq2verify import backend, dispatch, inputs
+from kernels import backend, dispatch
+from kernels.dispatch import pq2_matmul
+from kernels.format import PQ2FormatError, PQ2Weight
+from pq2verify import inputs
 from pq2verify.bits import same_bits
-from pq2verify.dispatch import pq2_matmul
-from pq2verify.weights import PQ2FormatError, PQ2Weight
 
 ROOT = Path(__file__).parents[1]
 N, K = 64, 256

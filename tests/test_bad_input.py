@@ -1,4 +1,4 @@
-"""The bad-input contract (pq2verify.validate): every public entry point (pq2_matmul, the kernel
+"""The bad-input contract (kernels.validate): every public entry point (pq2_matmul, the kernel
 wrappers through validate.kernel_args, PQ2Weight loading, the FP64 reference, the CLI) answers
 bad input with an exception that names the argument and what was expected, before any kernel
 runs. One test per case, each asserting the exception type and message. Also the NaN/Inf
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from pq2verify import backend, cli, dispatch, graphs, registry, validate
-from pq2verify.dispatch import pq2_matmul
+from kernels import backend, dispatch, validate
+from kernels.dispatch import pq2_matmul
+from kernels.format import PQ2FormatError, PQ2Weight
+from pq2verify import cli, graphs, registry
 from pq2verify.inputs import activations, dense_weight, ternary_weight
-from pq2verify.weights import PQ2FormatError, PQ2Weight
 
 BF = torch.bfloat16
 DEV = "cuda" if backend.device() == "cuda" else "cpu"

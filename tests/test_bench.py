@@ -21,10 +21,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pq2verify import backend, bench, checks, inputs, registry
+from kernels import backend
+from kernels.format import PQ2Weight
+from pq2verify import bench, checks, inputs, registry
 from pq2verify.bench import report as bench_report
 from pq2verify.bench import Config, FakeEnv, Item, Shape, checkafter
-from pq2verify.weights import PQ2Weight
 
 DEVICE = backend.device()
 SMALL = Shape("b", 64, 384)
@@ -705,7 +706,7 @@ def test_targets_table_flags_a_miss():
 
 
 def test_path_is_proven_by_the_trace(device):
-    from pq2verify import dispatch
+    from kernels import dispatch
     dev = "cuda" if device == "cuda" else "cpu"
     case = bench.bench_case("native", Shape("t", 32, 128), 1, Config())
     inp = checks.Inputs(case, dev)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from pq2verify import backend, bench, bench_cli, cli
+from kernels import backend
+from pq2verify import bench, bench_cli, cli
 from pq2verify.bench import checkafter, selftest, stats
 from pq2verify.bench.plan import Config
 

@@ -99,7 +99,7 @@ class OutlierInputs(checks.Inputs):
 
     def __init__(self, c, device):
         super().__init__(c, device)
-        from pq2verify.weights import PQ2Weight
+        from kernels.format import PQ2Weight
         codes, scales = pq2.read(self.w.data, layout=self.w.layout, n=self.w.n, k=self.w.k)
         codes[:, 5::128] = 1
         self.w = PQ2Weight.from_raw(torch.from_numpy(pq2.encode(codes, scales))).to_prepared().to(device)

@@ -58,7 +58,7 @@ def test_bad_shard_is_a_usage_error(spec, capsys):
 
 
 def test_list_paths_and_cases(capsys, device):
-    from pq2verify import backend
+    from kernels import backend
     assert cli.main(["--list-paths"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ("native", "int_gemv", "small_gemm"))
@@ -70,7 +70,8 @@ def test_list_paths_and_cases(capsys, device):
 
 
 def test_golden_verify_html(tmp_path, device):
-    from pq2verify import backend, golden
+    from kernels import backend
+    from pq2verify import golden
     case = golden.cases(backend.golden_key(), ["single"])[0]
     out = tmp_path / "g.html"
     rc = cli.main(["--device", device, "golden", "verify", "--paths", "single", "--case", case.id, "--html", str(out)])

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from pq2verify import backend, bench, bench_cli, check_cli, checks, cli, derive, dispatch, golden_cli, selfcheck
+from kernels import backend, dispatch
+from pq2verify import bench, bench_cli, check_cli, checks, cli, derive, golden_cli, selfcheck
 from pq2verify.gsm8k import cli as gsm8k_cli
 
 DEVICE = backend.device()

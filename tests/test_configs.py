@@ -10,10 +10,11 @@ import inspect
 import pytest
 
 from kernels import splitk
-from pq2verify import backend, cases, checks, emulation, registry
+from kernels import backend, emulation
+from kernels.format import PQ2Weight
+from pq2verify import cases, checks, registry
 from pq2verify.bits import same_bits
 from pq2verify.inputs import ACTIVATION_KINDS
-from pq2verify.weights import PQ2Weight
 from test_adding_a_path import rowdot  # noqa: F401,F811  (the fixture installing the documented example)
 
 HERE = "tests/test_configs.py"

@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from pq2verify import backend, bench, cli
+from kernels import backend
+from pq2verify import bench, cli
 
 DEVICE = backend.device()
 QUICK = ["bench", "--dry-run", "--quick", "--shapes", "out", "--m", "1", "--step-m", "none"]

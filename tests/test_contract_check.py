@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pq2verify import backend, cases, check_cli, checks, cli, derive, outputs, selfcheck
+from kernels import backend
+from pq2verify import cases, check_cli, checks, cli, derive, outputs, selfcheck
 
 DEVICE = backend.device()
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pq2verify import backend, cli, golden, golden_cli, golden_model, outputs, provenance
+from kernels import backend
+from pq2verify import cli, golden, golden_cli, golden_model, outputs, provenance
 
 pytestmark = [pytest.mark.golden]
 

@@ -68,7 +68,8 @@ def _why_alike(a: str, b: str) -> str:
     """Why B cannot differ from A, derived from the dispatch rule (not from a prediction): a
     switch `p=off` only removes p from the candidates, so turning off paths that A's set does
     not hold, or one that a path before it in the set's order always shadows, changes nothing."""
-    from pq2verify import kernelsets, registry
+    from kernels import sets as kernelsets
+    from pq2verify import registry
     members = [p.name for p in kernelsets.members(a, "emulate", weight="pq2")]   # the CLI's CPU backend
     offs = [x.split("=")[0] for x in b.split(",")[1:]]
     if a == b:
@@ -184,8 +185,8 @@ def noisy_floor(monkeypatch):
     """F made to differ from A (its reversed weights' scales changed: a planted fault, not a
     reordering): on the tiny model a true reordering changes no output (two-group sums), so
     without it the floor is void."""
+    from kernels.format import BLOCK_BYTES, PQ2Weight
     from pq2verify.gsm8k import model
-    from pq2verify.weights import BLOCK_BYTES, PQ2Weight
     real = model.reversed_groups
 
     def scaled(w):

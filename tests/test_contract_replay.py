@@ -11,7 +11,8 @@ import shlex
 import pytest
 import torch
 
-from pq2verify import backend, cases, cli, dispatch, outputs, replay, selftest
+from kernels import backend, dispatch
+from pq2verify import cases, cli, outputs, replay, selftest
 from test_replay import _capture, _isolate
 
 pytestmark = pytest.mark.replay
@@ -221,7 +222,8 @@ def test_directed_rounding_lands_on_the_right_side(rounding):
     float64), never further than one spacing from it."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 384, generator=g).bfloat16()
-    from pq2verify import emulation, inputs
+    from kernels import emulation
+    from pq2verify import inputs
     w = inputs.ternary_weight(64, 384, 5, "cpu")
     q, _ = emulation.quantize_q8(x)
     dots = emulation.group_dots(q, w).permute(1, 2, 0).to(torch.int32)

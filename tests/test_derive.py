@@ -8,7 +8,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from pq2verify import cases, derive, dispatch, kernelsets, registry
+from kernels import dispatch, sets as kernelsets
+from pq2verify import cases, derive, registry
 
 pytestmark = pytest.mark.exact
 
@@ -100,9 +101,9 @@ def test_derive_record_with_paths_replaces_only_those_entries(device, few_cases)
 
 # --- the proof rule (issue 23, class 2): exactness is proven, not sampled -----------------------
 
+from kernels.dispatch import pq2_matmul  # noqa: E402
 from pq2verify import adversarial  # noqa: E402
 from pq2verify.bits import bits  # noqa: E402
-from pq2verify.dispatch import pq2_matmul  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CANCEL = [(k, m, dt) for k in (384, 640) for m in (1, 2) for dt in ("bf16", "fp16")]
@@ -283,7 +284,7 @@ def test_emulate_reads_the_interpreter_record_with_the_gpu_folds(few_cases, monk
     """The emulation computes each path's fold with the GPU's configs (emulation.kernel_plan), so
     on 'emulate' the interpreter record's proven entry serves a call only where the GPU-config
     folds match; on the cancelling groups its exact set gives legacy's bytes."""
-    from pq2verify import backend
+    from kernels import backend
     (few_cases / "exact-interpreter.json").write_text(json.dumps({"paths": {"single": _entry("single")}}))
     _fold_as(monkeypatch, "single", lambda n, k, m, interpret=None, config=None:
              dict(groups_per_split=k // 128, lanes=1 if interpret else 2, splits=1))

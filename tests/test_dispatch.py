@@ -4,8 +4,9 @@ import re
 import pytest
 import torch
 
-from pq2verify import dispatch, inputs, kernelsets, registry
-from pq2verify.dispatch import pq2_matmul
+from kernels import dispatch, sets as kernelsets
+from kernels.dispatch import pq2_matmul
+from pq2verify import inputs, registry
 
 KEY = "interpreter"
 

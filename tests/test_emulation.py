@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from pq2verify import emulation as E
+from kernels import emulation as E
+from kernels.format import PQ2Weight
 from pq2verify import registry
-from pq2verify.weights import PQ2Weight
 
 from reference import projection as ref, q8, generate as gen, metrics
 
@@ -133,7 +133,7 @@ def test_every_registry_path_emulates():
 
 
 def test_pq2_matmul_on_cpu_uses_emulation():
-    from pq2verify import backend, dispatch
+    from kernels import backend, dispatch
     w = weight()
     x = gen.activations(3, 640, 13)
     with backend.using_cpu_backend("emulate"), dispatch.trace() as t:

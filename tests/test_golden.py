@@ -15,7 +15,8 @@ import warnings
 import pytest
 import torch
 
-from pq2verify import backend, cli, golden, golden_cli, golden_model, registry
+from kernels import backend
+from pq2verify import cli, golden, golden_cli, golden_model, registry
 
 pytestmark = [pytest.mark.golden, pytest.mark.exact]
 
@@ -243,7 +244,8 @@ def test_model_capture_without_a_runner_is_a_clear_error(tmp_path, monkeypatch, 
 def _fake_runner():
     """A two-layer 'model' with a KV-cache-like interface meeting golden_model.CONTRACT; its
     up and gate projections share one stacked weight, as the real runner's siblings do."""
-    from pq2verify import dispatch, graphs
+    from kernels import dispatch
+    from pq2verify import graphs
 
     class Stack:
         def __init__(self, seed):

@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pq2verify import backend, checks, cli, golden, golden_cli, provenance, registry
+from kernels import backend
+from pq2verify import checks, cli, golden, golden_cli, provenance, registry
 
 pytestmark = [pytest.mark.golden]
 

@@ -10,9 +10,9 @@ import types
 import pytest
 import torch
 
+from kernels.format import PQ2Weight
 from pq2verify import graphs, registry, tiles
 from pq2verify.bits import same_bits
-from pq2verify.weights import PQ2Weight
 
 pytestmark = pytest.mark.graph
 
@@ -154,10 +154,10 @@ def test_matmul_reused_address(kset, device):
 
 @pytest.mark.parametrize("name", PATHS)
 def test_emulation_caches_follow_the_weight(name):
-    """pq2verify.emulation (pq2_matmul's CPU backend without the interpreter) caches decoded
+    """kernels.emulation (pq2_matmul's CPU backend without the interpreter) caches decoded
     weights on the PQ2Weight: an in-place update or a new weight at the same address must
     still give the new answer."""
-    from pq2verify.emulation import emulate
+    from kernels.emulation import emulate
     p = registry.get(name)
     n, k = CPU[p.weight]
 

@@ -60,7 +60,7 @@ def cpu_setting(mp, device):
         mp.delenv(k)
     # The FP32 GEMM for the emulation's integer dots (the same exact integers as oneDNN's, which
     # on torch 2.13's oneDNN 3.12 falls back to ref_int8, ~500x slower); workers inherit the env.
-    from pq2verify import emulation
+    from kernels import emulation
     mp.setenv("PQ2_EMULATE_GEMM", "fp32")
     mp.setattr(emulation, "_GEMM", "fp32")
     n = torch.get_num_threads()
@@ -94,7 +94,7 @@ def lines(run_dir: Path):
 
 def test_ab_report_control_and_trace(tiny_model, tmp_path, cpu_env):
     from kernels import common      # imported first, so its INTERPRET is part of the state compared
-    from pq2verify import backend
+    from kernels import backend
     mode = backend.mode_state()
     assert mode["kernels.common.INTERPRET"] is common.INTERPRET
     page = tmp_path / "ab.html"                   # outside --out: nothing inside the folder the run writes
@@ -284,7 +284,7 @@ def test_spec_parsing_and_env():
     try:
         with runs.EnvSwitch(runs.spec_env(s)):
             # the run's own set and switch apply, not the shell's; os.environ is not touched
-            from pq2verify import dispatch
+            from kernels import dispatch
             assert dispatch.kernel_set() == "tuned" and dispatch.switches() == {"small_mma": False}
             assert os.environ["PQ2_PATH_SINGLE"] == "off" and "PQ2_PATH_SMALL_MMA" not in os.environ
         assert dispatch.switches() == {"single": False}
@@ -296,7 +296,7 @@ def test_spec_parsing_and_env():
 def test_batching_prefix_and_padding_change_no_token(tiny_model, cpu_env, monkeypatch):
     """A prompt's greedy tokens are the same alone, in a padded batch, and with the shared
     prefix prefilled once (legacy set: the same per-row arithmetic at every M)."""
-    from pq2verify import backend
+    from kernels import backend
     from pq2verify.gsm8k import data, generate, model as mdl
     monkeypatch.setenv("PQ2_KERNELS", "legacy")
     monkeypatch.setattr(backend, "_cpu_backend", "emulate")      # the CLI's CPU default

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.format import PQ2Weight
 from pq2verify.gsm8k import convert
-from pq2verify.weights import PQ2Weight
 
 
 @pytest.mark.parametrize("digits", [1, 2, 3, 4, 5])

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from pq2verify import emulation as E
-from pq2verify.weights import PQ2Weight
+from kernels import emulation as E
+from kernels.format import PQ2Weight
 
 from reference import projection as ref, generate as gen
 

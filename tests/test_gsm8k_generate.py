@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 @pytest.fixture
 def conv(tiny_model, monkeypatch):  # noqa: F811
-    from pq2verify import backend, emulation
+    from kernels import backend, emulation
     from pq2verify.gsm8k import model as mdl
     monkeypatch.setattr(backend, "_cpu_backend", "emulate")
     monkeypatch.setattr(emulation, "_GEMM", "fp32")        # same integers as oneDNN's, faster here

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 def _muted():
     """A real replay launches kernels and runs no Python: nothing may count its calls but
     CallGraphs itself."""
-    from pq2verify import dispatch
+    from kernels import dispatch
     trace, opened = Counter(dispatch.TRACE), list(dispatch._traces)
     dispatch._traces[:] = []
     try:
@@ -48,7 +48,7 @@ def stand_in(log: list):
 
 @pytest.fixture
 def conv(tiny_model, monkeypatch):  # noqa: F811
-    from pq2verify import backend, emulation
+    from kernels import backend, emulation
     from pq2verify.gsm8k import model as mdl
     monkeypatch.setattr(backend, "_cpu_backend", "emulate")
     monkeypatch.setattr(emulation, "_GEMM", "fp32")
@@ -64,7 +64,7 @@ def test_a_graphed_generation_is_the_eager_one(conv):
     """Three questions, 10 new tokens (decode M 3 down to 1): tokens, exact log-probabilities,
     decode Ms and calls per (path, M) equal the eager run's; every decode key is captured once
     and replayed after."""
-    from pq2verify import dispatch
+    from kernels import dispatch
     from pq2verify.gsm8k.graphs import CallGraphs
     ids = [0, 1, 2]
     eager = _generate(conv, ids, max_new=10)

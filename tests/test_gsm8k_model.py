@@ -13,7 +13,7 @@ from reference.q8 import quantize_q8
 @pytest.fixture
 def emulate(monkeypatch):
     """The torch emulation backend on the CPU, legacy kernels (int_gemv for M <= 16)."""
-    from pq2verify import backend
+    from kernels import backend
     monkeypatch.setattr(backend, "_cpu_backend", "emulate")
     monkeypatch.setenv("PQ2_KERNELS", "legacy")
 
@@ -135,7 +135,7 @@ def test_model_id_follows_the_content_not_file_times(tmp_path):
 def test_the_weights_input_is_x_at_each_groups_columns(digits):
     """[x | x | ...] by a tiled copy, and the reversed fold's permuted copy, are x's columns of
     each K position (digit t's group j reads x's group j; reversed, position i holds T*G-1-i)."""
-    from pq2verify.weights import PQ2Weight
+    from kernels.format import PQ2Weight
     kp, g = 384, 3
     w = PQ2Weight.from_prepared(torch.zeros(2 * digits * kp // 4 + 2 * digits * g * 2, dtype=torch.uint8),
                                 2, digits * kp)

@@ -1,14 +1,15 @@
-"""The process's kernel mode is decided once (pq2verify.backend.select) and nothing flips it:
+"""The process's kernel mode is decided once (kernels.backend.select) and nothing flips it:
 Triton makes a kernel interpreted or compiled when its module is imported, so a flip leaves the
 modules imported meanwhile broken for every test after (conftest checks each test for this)."""
 import subprocess
 import sys
 
-from pq2verify import backend, provenance
+from kernels import backend
+from pq2verify import provenance
 
 FLIP = """
 import os
-from pq2verify import backend
+from kernels import backend
 backend.select("cpu")
 import kernels.common
 assert backend.mixed_kernels() == [], backend.mixed_kernels()
@@ -32,7 +33,7 @@ def test_a_kernel_module_imported_in_the_other_mode_is_named():
 
 
 GLUON = """
-from pq2verify import backend
+from kernels import backend
 backend.select("cpu")
 import kernels.common, kernels.mmq_wgmma
 assert kernels.mmq_wgmma._wgmma_kernel.is_gluon() and kernels.common.INTERPRET

@@ -13,7 +13,9 @@ import shutil
 
 import pytest
 
-from pq2verify import backend, backend_status, cli, dispatch, golden, html_report, inputs, kernelsets, registry
+from kernels import backend, dispatch, sets as kernelsets
+from pq2verify.report import html as html_report
+from pq2verify import backend_status, cli, golden, inputs, registry
 
 REPRO = ".venv/bin/python -m pytest -p no:randomly -q tests/test_new_backend.py"
 FAKE = "sm86"
@@ -288,7 +290,7 @@ def _one_warning_line(md: str) -> str:
 
 
 def test_bench_report_carries_it(fake, tmp_path, capsys):
-    from pq2verify import bench_report
+    from pq2verify.bench import report as bench_report
     j = tmp_path / "b.json"
     rc, out, err = _run(capsys, "bench", "--dry-run", "--quick", "--shapes", "out", "--json", str(j))
     assert rc == 0 and err.count("WARNING: backend sm86") == 1, out + err

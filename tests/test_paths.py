@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from pq2verify import backend, checks, registry
+from kernels import backend
+from pq2verify import checks, registry
 
 DEVICE = backend.select(os.environ.get("PQ2_DEVICE", "auto")) if backend._chosen is None else backend.device()
 SHAPES = "bonsai27b" if DEVICE == "cuda" else "small"

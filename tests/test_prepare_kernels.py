@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernels import prepare
+from kernels.format import PQ2Weight
 from pq2verify.inputs import ACTIVATION_KINDS, activations, ternary_weight
-from pq2verify.weights import PQ2Weight
 from reference import hadamard, metrics, pq2, q8
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,7 +1,7 @@
-"""pq2verify.progress: a terminal gets one rewritten line; a log gets a line every few seconds."""
+"""pq2verify.report.progress: a terminal gets one rewritten line; a log gets a line every few seconds."""
 import io
 
-from pq2verify.progress import Progress
+from pq2verify.report.progress import Progress
 
 
 class _Clock:

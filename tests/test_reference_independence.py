@@ -15,11 +15,8 @@ import torch
 import reference
 from reference import pq2, projection
 
-try:                                    # the runtime's weight format and CPU emulation
-    import kernels.format as fmt
-    import kernels.emulation as emu
-except ImportError:                     # before they moved into kernels/
-    from pq2verify import emulation as emu, weights as fmt
+import kernels.emulation as emu        # the runtime's CPU emulation and weight format
+import kernels.format as fmt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REF_DIR = os.path.join(ROOT, "reference")

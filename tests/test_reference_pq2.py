@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pq2verify import weights as pw
+from kernels import format as pw
 from reference import pq2
 from reference.metrics import bitwise_equal
 from test_reference_naive import naive_decode, naive_decode_prepared, naive_encode
@@ -239,7 +239,7 @@ def test_split_raw_shows_code_3_without_raising():
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 6), st.integers(0, 2 ** 31 - 1))
 def test_torch_pack_unpack_match_the_reference(rows, blocks, seed):
-    """pq2verify.weights packs and unpacks codes (the harness's one torch implementation)
+    """kernels.format packs and unpacks codes (the harness's one torch implementation)
     exactly as the numpy reference does, code 3 included."""
     codes = np.random.default_rng(seed).integers(0, 4, (rows, blocks * 128), dtype=np.uint8)
     packed = pw.pack_codes(torch.from_numpy(codes))

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from pq2verify.weights import PQ2Weight
+from kernels.format import PQ2Weight
 from reference import generate, hadamard, pq2, projection, q8
 from reference.metrics import relative_rms
 from test_reference_naive import naive_decode, naive_group_dots, naive_quantized

@@ -41,7 +41,7 @@ def twin(register_path):
 
 
 def test_the_fixture_adds_and_removes_the_path(register_path):
-    from pq2verify import dispatch
+    from kernels import dispatch
     p = register_path(ENTRY, _twin(), **CLAIMS)
     assert registry.get("twin") is p and table.get("twin") is p and p.tol_reason == registry._OUT
     assert "PQ2_PATH_TWIN" in dispatch.known_vars()
@@ -86,7 +86,8 @@ def test_the_check_engine_holds_its_claims(twin, device):
 
 
 def test_golden_capture_and_verify(twin, device, tmp_path):
-    from pq2verify import backend, cases, golden
+    from kernels import backend
+    from pq2verify import cases, golden
     todo = cases.golden_cases(backend.golden_key(), paths=["twin"])[:2]
     assert todo
     golden.capture(tmp_path / "g", todo, device, log=lambda *a: None)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from kernels import splitk
-from pq2verify import backend, cli, emulation, golden_cli, golden_model, replay
+from kernels import backend, emulation
+from pq2verify import cli, golden_cli, golden_model, replay
 
 pytestmark = pytest.mark.replay
 
@@ -26,7 +27,8 @@ H_INTERP = 512
 def _runner(device, bump=False, h=H):
     """Two layers of two PQ2 projections each (h x h), meeting golden_model.CONTRACT;
     activations carry a few outlier channels as real ones do."""
-    from pq2verify import dispatch, inputs
+    from kernels import dispatch
+    from pq2verify import inputs
 
     class Proj(torch.nn.Module):
         def __init__(self, seed):
@@ -132,7 +134,7 @@ def test_batched_calls_are_real_rows_and_catch_a_fault_in_the_batch_path(capture
                                                                           monkeypatch):
     """The M > 1 calls hold the weight's captured rows, cycled (rows repeat, so the bias test
     counts each once), and a fault only in the path serving M = 2-16 fails the replay there."""
-    from pq2verify import dispatch
+    from kernels import dispatch
     _, calls, _ = replay.load(capture, device, _runner(device), ms=(1, 4))
     for c in (c for c in calls if c.position == "M4"):
         mine = torch.cat([d.x for d in calls if d.layer == c.layer and d.position != "M4"])
@@ -274,7 +276,8 @@ HID, INTER, DIGITS = 1024, 1536, 2     # W_gu [2*INTER, DIGITS*HID], W_down [HID
 def _mlp_runner(device):
     """One decoder layer shaped like the GSM8K model's MLP (gsm8k/model.py): gate and up stacked
     in one PQ2 matrix, T digit slices along K fed [x | x], the activation silu(gate) * up in bf16."""
-    from pq2verify import dispatch, inputs
+    from kernels import dispatch
+    from pq2verify import inputs
 
     class Proj(torch.nn.Module):
         def __init__(self, stack):

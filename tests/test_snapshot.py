@@ -20,7 +20,8 @@ import shutil
 
 import pytest
 
-from pq2verify import backend, cli
+from kernels import backend
+from pq2verify import cli
 
 SNAP = os.path.join(os.path.dirname(__file__), "snapshots")
 UPDATE = os.environ.get("SNAPSHOT_UPDATE") == "1"
