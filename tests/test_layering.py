@@ -94,3 +94,51 @@ def test_kernels_import_only_torch_triton_and_the_standard_library():
 def test_reference_imports_neither_the_suite_nor_the_runtime():
     bad = violations("reference", ("pq2verify", "kernels"))
     assert not bad, "the oracle imports the suite or the runtime:\n  " + "\n  ".join(bad) + f"\nrepro: {REPRO}"
+
+
+def module_aliases(source: str) -> list[int]:
+    """Lines of `source` that put a module into sys.modules under another name (`sys.modules[k] =
+    m`, `.update`, `.setdefault`, `.__setitem__`, through any name `sys` or `sys.modules` is bound to):
+    the alias shims a move leaves behind, which let old import names live on."""
+    tree = ast.parse(source)
+    sys_names, mod_names = {"sys"}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            sys_names |= {a.asname for a in node.names if a.name == "sys" and a.asname}
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and not node.level:
+            mod_names |= {a.asname or a.name for a in node.names if a.name == "modules"}
+
+    def is_modules(e) -> bool:
+        return (isinstance(e, ast.Attribute) and e.attr == "modules" and isinstance(e.value, ast.Name)
+                and e.value.id in sys_names) or (isinstance(e, ast.Name) and e.id in mod_names)
+
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Subscript) and is_modules(t.value) for t in targets):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("update", "setdefault", "__setitem__") and is_modules(node.func.value):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_alias_detector_sees_every_form():
+    assert module_aliases("import sys\nimport kernels.format as f\nsys.modules[__name__] = f\n") == [3]
+    assert module_aliases("import sys; from .report import html as _m; sys.modules[__name__] = _m\n") == [1]
+    assert module_aliases("import sys as s\ns.modules.update({'a': 1})\ns.modules.setdefault('b', 2)\n") == [2, 3]
+    assert module_aliases("from sys import modules as m\nm['x'] = 1\nm.__setitem__('y', 2)\n") == [2, 3]
+    # reading sys.modules is no alias (pq2verify/registry.py hands itself to kernels.table)
+    assert module_aliases("import sys\ntable.attach(sys.modules[__name__])\nx = sys.modules.get('a')\n") == []
+
+
+def test_no_module_is_an_alias_of_another():
+    """A moved module is imported from its new home by every caller; the old name is deleted, never
+    kept as an alias (two names for one module let old imports and monkeypatch targets live on)."""
+    bad = []
+    for folder in ("pq2verify", "kernels", "reference"):
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            bad += [f"{f.relative_to(ROOT)}:{line}" for line in module_aliases(f.read_text())]
+    assert not bad, "modules that alias another through sys.modules (import the real module, delete " \
+        "the alias):\n  " + "\n  ".join(bad) + f"\nrepro: {REPRO}"
