@@ -271,11 +271,13 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
         else:
             bn, warps = 64, 8
         row_tiles = triton.cdiv(n, bn)
-        depth = 1
+        # DEPTH 2 paid on the short split grids of 64-row tiles and lost elsewhere (registers:
+        # fewer programs an SM); FUSE lost everywhere (results/2026-12-02-decode-levers/)
+        depth = 2 if bn == 64 and n < 12288 else 1
         split = 1
         while n < 12288 and row_tiles * split < 640 and groups // (split * 2) >= gc:
             split *= 2
-        fuse = split == 1
+        fuse = False
     per = triton.cdiv(groups, split)
     return (("BN", bn), ("GC", gc), ("groups_per_split", per), ("SPLIT", triton.cdiv(groups, per)),
             ("DEPTH", depth), ("FUSE", fuse), ("PDL", True), ("num_warps", warps))

@@ -41,8 +41,16 @@ def _configs(p, modes=(True, False), same=_key) -> list[dict]:
     for f in sorted({f for c in base for f, v in c.items() if type(v) is bool}):
         for v in (False, True):
             if not any(c[f] is v for c in base):
-                c = {**base[0], f: v}
-                out.setdefault(same(c), c)
+                # into the first config that takes it (gemv's FUSE needs SPLIT = 1)
+                for c in ({**b, f: v} for b in base):
+                    try:
+                        _shape(p, c)
+                    except (AssertionError, ValueError):
+                        continue
+                    out.setdefault(same(c), c)
+                    break
+                else:
+                    raise AssertionError(f"{p.name}: no config of the chooser takes {f}={v}")
     return list(out.values())
 
 

@@ -106,10 +106,7 @@ def _single(n, k, m, dtype, layout, cfg):
     from kernels import single as mod
     g, out, prepared = k // 128, f"*{dtype}", layout == "prepared"
     bn, gc, per, split = cfg["BN"], cfg["GC"], cfg["groups_per_split"], cfg["SPLIT"]
-    # fused: a_ptr is x's row and xs_ptr, t_ptr are placeholders (the output) never read
-    fuse = c.get("FUSE", False)
-    ptrs = dict(a_ptr=out if fuse else "*i32", xs_ptr=out if fuse else "*fp32", t_ptr=out if fuse else "*i32",
-                codes_ptr="*i32" if prepared else "*u8",
+    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
                 scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, dots_ptr=out)
     ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, groups_per_split=per, **layout_strides(n, k, layout))
     consts = dict(BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), SPLIT=split,
