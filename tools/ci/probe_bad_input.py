@@ -181,7 +181,7 @@ def probes(tmp: Path):
     add("unknown command", ["nosuchcommand"], words=["nosuchcommand", "choice"])
     add("check --help (legitimate)", c + ["--help"], expect=0)
     # the Python API
-    api = "import torch; from pq2verify import dispatch, inputs; from pq2verify.weights import PQ2Weight\n" \
+    api = "import torch; from kernels import dispatch; from kernels.format import PQ2Weight; from pq2verify import inputs\n" \
           "w = inputs.ternary_weight(8, 128, seed=1, layout='prepared')\n"
     for name, code in [
         ("pq2_matmul(float32 x)", "dispatch.pq2_matmul(torch.zeros(1, 128), w)"),
