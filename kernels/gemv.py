@@ -19,11 +19,8 @@ Launch (CUDA): with programmatic dependent launch (PDL). Each kernel first lets 
 launch, loads what no earlier kernel writes (the first DEPTH chunks of weight codes and scales),
 and only then waits for the previous grid (griddepcontrol.wait) before reading activations or
 writing anything. Weights must therefore not be written by the kernel just before in the same
-stream (they are constants in a model). With FUSE (SPLIT = 1) a call is this one kernel: each
-program quantizes the activation groups it reads itself, with the quantize kernel's own
-functions (prepare.q8_scale, q8_round), so the codes, scales and sums are those of
-prepare.quantize_q8 exactly. Without it the quantize kernel runs first (it zeroes the split-K
-counters).
+stream (they are constants in a model). The quantize kernel runs first (it also zeroes the
+split-K counters).
 Under TRITON_INTERPRET=1 the PDL constexpr is False and the calls compile away.
 """
 import functools
@@ -81,33 +78,11 @@ def _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, c, g_end, G, code_row, code
 
 
 @triton.jit
-def _plane_x(x_ptr, g, g_ok, s: tl.constexpr, MASKED: tl.constexpr, INTERP: tl.constexpr):
-    """fp32 activations of plane s of groups g, [GC, 8, 4]: entry (j, e) is element 4b+s of its
-    group, b = 4j+e (the element the quantize kernel's plane order puts at byte e of word 8s+j)."""
-    j = tl.arange(0, 8)
-    e = tl.arange(0, 4)
-    off = g[:, None, None] * 128 + (16 * j)[None, :, None] + (4 * e)[None, None, :] + s
-    if MASKED:
-        v = tl.load(x_ptr + off, mask=g_ok[:, None, None], other=0.0)
-    else:
-        v = tl.load(x_ptr + off)
-    return prepare.to_f32(v, INTERP)
-
-
-@triton.jit
-def _pack(q):
-    """[GC, 8] int32 words of Q8 codes q [GC, 8, 4]: byte e of word j is code (j, e). The top
-    byte is shifted signed, so the sum never leaves int32."""
-    e = tl.arange(0, 4)[None, None, :]
-    return tl.sum(tl.where(e == 3, q << 24, (q & 255) << (8 * e)), axis=2)
-
-
-@triton.jit
 def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, part_ptr, count_ptr,
                  dots_ptr, d_sn, d_sg,
                  N, G, code_row, code_group, code_off, scale_row, scale_group, scale_off, per,
                  BN: tl.constexpr, GC: tl.constexpr, LOG_GC: tl.constexpr, CHUNKS: tl.constexpr,
-                 DEPTH: tl.constexpr, FUSE: tl.constexpr, SPLIT: tl.constexpr, MASKED: tl.constexpr, PREPARED: tl.constexpr,
+                 DEPTH: tl.constexpr, SPLIT: tl.constexpr, MASKED: tl.constexpr, PREPARED: tl.constexpr,
                  WRITE_DOTS: tl.constexpr, PDL: tl.constexpr, INTERP: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -163,52 +138,22 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
             w3, s3 = w4, s4
             w4, s4 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 4, g_end, G, code_row, code_group,
                             code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
-        if FUSE:
-            # this program quantizes the chunk's activation groups itself (a_ptr: x's row),
-            # with the quantize kernel's arithmetic (prepare.q8_scale, q8_round): the same codes
-            x0 = _plane_x(a_ptr, g, g_ok, 0, MASKED, INTERP)
-            x1 = _plane_x(a_ptr, g, g_ok, 1, MASKED, INTERP)
-            x2 = _plane_x(a_ptr, g, g_ok, 2, MASKED, INTERP)
-            x3 = _plane_x(a_ptr, g, g_ok, 3, MASKED, INTERP)
-            amax = tl.maximum(tl.maximum(tl.max(tl.max(tl.abs(x0), axis=2), axis=1),
-                                         tl.max(tl.max(tl.abs(x1), axis=2), axis=1)),
-                              tl.maximum(tl.max(tl.max(tl.abs(x2), axis=2), axis=1),
-                                         tl.max(tl.max(tl.abs(x3), axis=2), axis=1)))
-            nan = ((x0 != x0).to(tl.int32) + (x1 != x1).to(tl.int32) + (x2 != x2).to(tl.int32)
-                   + (x3 != x3).to(tl.int32))
-            xs, div = prepare.q8_scale(amax, tl.max(tl.max(nan, axis=2), axis=1))
-            q0 = prepare.q8_round(x0, div[:, None, None])
-            q1 = prepare.q8_round(x1, div[:, None, None])
-            q2 = prepare.q8_round(x2, div[:, None, None])
-            q3 = prepare.q8_round(x3, div[:, None, None])
-            t = tl.sum(tl.sum(q0 + q1 + q2 + q3, axis=2), axis=1)
         dot = tl.zeros([BN, GC], dtype=tl.int32)
         for s in tl.static_range(4):
-            if FUSE:
-                if s == 0:
-                    a = _pack(q0)
-                elif s == 1:
-                    a = _pack(q1)
-                elif s == 2:
-                    a = _pack(q2)
-                else:
-                    a = _pack(q3)
+            ap = a_ptr + g[:, None] * 32 + s * 8 + j[None, :]
+            if MASKED:
+                a = tl.load(ap, mask=g_ok[:, None], other=0)
             else:
-                ap = a_ptr + g[:, None] * 32 + s * 8 + j[None, :]
-                if MASKED:
-                    a = tl.load(ap, mask=g_ok[:, None], other=0)
-                else:
-                    a = tl.load(ap)                                      # [GC, 8] words
+                a = tl.load(ap)                                          # [GC, 8] words
             acc = common.dp4a(w & (plane0 << (2 * s)), a[None, :, :],
                               tl.zeros([BN, GC, 8], dtype=tl.int32), INTERP, True)
             dot += tl.sum(acc, axis=2) >> (2 * s)
-        if not FUSE:
-            if MASKED:
-                t = tl.load(t_ptr + g, mask=g_ok, other=0)
-                xs = tl.load(xs_ptr + g, mask=g_ok, other=0.0)
-            else:
-                t = tl.load(t_ptr + g)
-                xs = tl.load(xs_ptr + g)
+        if MASKED:
+            t = tl.load(t_ptr + g, mask=g_ok, other=0)
+            xs = tl.load(xs_ptr + g, mask=g_ok, other=0.0)
+        else:
+            t = tl.load(t_ptr + g)
+            xs = tl.load(xs_ptr + g)
         dot = dot - t[None, :]
         lanes = common.scale_accumulate(lanes, dot, xs[None, :], ws)
         if WRITE_DOTS:
@@ -224,15 +169,13 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
 
 
 FIELDS = {"BN": protocol.pow2(1), "GC": protocol.pow2(1), "groups_per_split": protocol.integer(1),
-          "SPLIT": protocol.integer(1), "DEPTH": protocol.integer(1, 4), "FUSE": protocol.flag, "PDL": protocol.flag,
+          "SPLIT": protocol.integer(1), "DEPTH": protocol.integer(1, 4), "PDL": protocol.flag,
           "num_warps": protocol.WARPS}
 
 
 def config(n: int, k: int, m: int = 1, interpret: bool | None = None) -> dict:
-    """{BN, GC, groups_per_split, SPLIT, DEPTH, FUSE, PDL, num_warps} from shapes only. DEPTH:
-    chunks of weight codes in flight, loaded before the PDL wait and then kept in flight. FUSE:
-    the GEMV kernel quantizes the activations itself (one kernel a call; SPLIT = 1 only, since
-    the quantize kernel is what zeroes the split-K counters). interpret: the
+    """{BN, GC, groups_per_split, SPLIT, DEPTH, PDL, num_warps} from shapes only. DEPTH: chunks
+    of weight codes in flight, loaded before the PDL wait and then kept in flight. interpret: the
     interpreter's config or the GPU's (default: this process's). PDL: launch the quantize and
     GEMV kernels with programmatic dependent launch (CUDA only; ignored by the interpreter)."""
     return dict(_config(n, k, common.INTERPRET if interpret is None else bool(interpret)))
@@ -252,7 +195,6 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
         # keeps a ring shift and a look-ahead past the split's end in them too
         bn, gc, split, warps = min(128, max(8, triton.next_power_of_2(n))), 2, 2 if groups >= 4 else 1, 4
         depth = 2
-        fuse = split == 1
     else:
         # Measured on the H200 (tools/tune/decode_sweep.py, CUDA graphs, weights rotated past L2;
         # results/2026-11-30-decode-gemv/): 4-8 warps whose warp instructions each read whole 128-byte row
@@ -272,24 +214,20 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
             bn, warps = 64, 8
         row_tiles = triton.cdiv(n, bn)
         # DEPTH 2 paid on the short split grids of 64-row tiles and lost elsewhere (registers:
-        # fewer programs an SM); FUSE lost everywhere (results/2026-12-02-decode-levers/)
+        # fewer programs an SM; results/2026-12-02-decode-levers/)
         depth = 2 if bn == 64 and n < 12288 else 1
         split = 1
         while n < 12288 and row_tiles * split < 640 and groups // (split * 2) >= gc:
             split *= 2
-        fuse = False
     per = triton.cdiv(groups, split)
     return (("BN", bn), ("GC", gc), ("groups_per_split", per), ("SPLIT", triton.cdiv(groups, per)),
-            ("DEPTH", depth), ("FUSE", fuse), ("PDL", True), ("num_warps", warps))
+            ("DEPTH", depth), ("PDL", True), ("num_warps", warps))
 
 
 def _resolve(n, k, interpret, cfg) -> dict:
     c = protocol.force("gemv", config(n, k, 1, interpret), cfg, FIELDS)
     if cfg is not None:
         protocol.splits("gemv", k // 128, c["groups_per_split"], c["SPLIT"])
-        if c["FUSE"] and c["SPLIT"] > 1:
-            raise ValueError(f"gemv: config field FUSE=True needs SPLIT=1, got SPLIT={c['SPLIT']} "
-                             "(the quantize kernel zeroes the split-K counters)")
     return c
 
 
@@ -313,9 +251,6 @@ def run(x, w, *, out=None, dots=None, check=True, config=None):
     # split-K: per-call partials and arrival counters (never shared between calls or graphs);
     # the quantize kernel zeroes the counters before this call's GEMV reads them
     count = torch.empty(row_tiles, dtype=torch.int32, device=x.device) if split > 1 else None
-    if cfg["FUSE"]:
-        launch((x,), None, None, w, out, cfg, pdl=pdl, count=None, dots=dots)
-        return out
     q, xs, t = prepare.quantize_q8(x, order="plane", pdl=pdl, zero=count)
     launch(q, xs, t, w, out, cfg, pdl=pdl, count=count, dots=dots)
     return out
@@ -323,11 +258,7 @@ def run(x, w, *, out=None, dots=None, check=True, config=None):
 
 def launch(q, xs, t, w, out, cfg, *, pdl, count, dots=None):
     """The GEMV kernel alone on quantized activations (run() quantizes first; the tuning sweep
-    tools/tune/decode_sweep.py times it alone to split off the quantize kernel's share). With
-    cfg FUSE, q is (x,) and xs, t are None: the kernel quantizes x's row itself."""
-    fuse = cfg["FUSE"]
-    a = q[0] if fuse else q[0].view(torch.int32)
-    xs0, t0 = (out, out) if fuse else (xs[0], t[0])   # not read when fused
+    tools/tune/decode_sweep.py times it alone to split off the quantize kernel's share)."""
     n, g = w.n, w.groups
     bn, gc, split, per = cfg["BN"], cfg["GC"], cfg["SPLIT"], cfg["groups_per_split"]
     part = splitk.partials(out.device, split * n) if split > 1 else out
@@ -337,11 +268,11 @@ def launch(q, xs, t, w, out, cfg, *, pdl, count, dots=None):
     dd = dots if write_dots else out
     ds = dots.stride() if write_dots else (0, 0, 0)
     _gemv_kernel[(triton.cdiv(n, bn), split)](
-        a, xs0, t0, w.codes_i32 if prepared else w.codes_u8, w.scales_f16,
-        out, out.stride(1), part, count if split > 1 else t0, dd, ds[1], ds[2],
+        q[0].view(torch.int32), xs[0], t[0], w.codes_i32 if prepared else w.codes_u8, w.scales_f16,
+        out, out.stride(1), part, count if split > 1 else t[0], dd, ds[1], ds[2],
         n, g, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"], per,
-        BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=triton.cdiv(per, gc), DEPTH=cfg["DEPTH"], FUSE=fuse, SPLIT=split,
+        BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=triton.cdiv(per, gc), DEPTH=cfg["DEPTH"], SPLIT=split,
         MASKED=not (prepared and n % bn == 0 and per % gc == 0 and g % per == 0),
         PREPARED=prepared, WRITE_DOTS=write_dots, PDL=pdl, INTERP=common.INTERPRET,
         num_warps=cfg["num_warps"], num_stages=1, launch_pdl=pdl)

@@ -42,23 +42,6 @@ def to_f32(v, INTERP: tl.constexpr):
 # --- Q8 quantization -------------------------------------------------------------------
 
 @triton.jit
-def q8_scale(amax, has_nan):
-    """(scale, divisor) of groups with absolute maximum amax (SPEC §3). tl.max drops NaN, so a
-    NaN group would get a finite scale and finite, wrong outputs: has_nan != 0 gives it a NaN
-    scale, which every integer path multiplies into the affected row. The kernels that
-    quantize (this file's, gemv's fused one) share these two functions, so their codes agree."""
-    scale = tl.where(has_nan != 0, float("nan"), amax * _RCP127)
-    return scale, tl.where(scale == 0.0, 1.0, scale)
-
-
-@triton.jit
-def q8_round(a, div):
-    """Q8 codes (int32 in [-127, 127]) of fp32 a in a group of divisor div."""
-    q = tl.math.div_rn(a, div)
-    return tl.minimum(tl.maximum(rne(q), -127.0), 127.0).to(tl.int32)
-
-
-@triton.jit
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm, zero_ptr, Z, stride_sg,
                      BU: tl.constexpr, PLANE: tl.constexpr, PDL: tl.constexpr, ZB: tl.constexpr,
                      BYG: tl.constexpr, INTERP: tl.constexpr):
@@ -83,9 +66,13 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm, zero_ptr, Z, s
     src = (m.to(tl.int64) * stride_xm + (u - m * G) * 128)[:, None] + c[None, :]
     a = tl.reshape(to_f32(tl.load(x_ptr + src, mask=mask, other=0.0), INTERP), (BU, 32, 4))
     amax = tl.max(tl.max(tl.abs(a), axis=2), axis=1)
+    # tl.max drops NaN, so a NaN group would get a finite scale and finite, wrong outputs:
+    # give it a NaN scale, which every integer path multiplies into the affected row.
     has_nan = tl.max(tl.max((a != a).to(tl.int32), axis=2), axis=1)
-    scale, div = q8_scale(amax, has_nan)
-    q = q8_round(a, div[:, None, None])
+    scale = tl.where(has_nan != 0, float("nan"), amax * _RCP127)
+    div = tl.where(scale == 0.0, 1.0, scale)
+    q = tl.math.div_rn(a, div[:, None, None])
+    q = tl.minimum(tl.maximum(rne(q), -127.0), 127.0).to(tl.int32)
     t = tl.sum(tl.sum(q, axis=2), axis=1)
     if PLANE:
         q = tl.permute(q, (0, 2, 1))   # element 4b+s goes to s*32+b

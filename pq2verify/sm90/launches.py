@@ -42,14 +42,11 @@ def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
     c = {**mod.config(n, k, 1, interpret=False), **(force or {})}
     g, per, gc, split = k // 128, c["groups_per_split"], c["GC"], c["SPLIT"]
     prepared, out = layout == "prepared", f"*{dtype}"
-    # fused: a_ptr is x's row and xs_ptr, t_ptr are placeholders (the output) never read
-    fuse = c.get("FUSE", False)
-    ptrs = dict(a_ptr=out if fuse else "*i32", xs_ptr=out if fuse else "*fp32", t_ptr=out if fuse else "*i32",
-                codes_ptr="*i32" if prepared else "*u8",
-                scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, count_ptr=out if fuse else "*i32",
+    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
+                scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, count_ptr="*i32",
                 dots_ptr=out)
     ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, per=per, **layout_strides(n, k, layout))
-    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], FUSE=fuse, SPLIT=split,
+    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], SPLIT=split,
                   MASKED=not (prepared and n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=prepared,
                   WRITE_DOTS=False, PDL=c["PDL"], INTERP=False)
     return c, (mod._gemv_kernel, ptrs, ints, consts, c["num_warps"], 1), {}

@@ -116,7 +116,6 @@ def main():
                     from kernels import prepare
                     qq = prepare.quantize_q8(xin.clone().normal_(), order="plane")
                     cnt = torch.zeros(-(-w.n // c["BN"]), dtype=torch.int32, device="cuda")
-                    c = dict(c, FUSE=False)
                     thunks.append(lambda qq=qq, w=w, o=o, c=c: gemv.launch(*qq, w, o, c, pdl=pdl, count=cnt))
             elif kind == "read":
                 thunks.append(read_call(w.flat.view(torch.int32), pdl)[0])

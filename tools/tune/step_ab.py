@@ -48,17 +48,14 @@ def variants_arg(text: str) -> dict:
 
 
 def variant_config(n, k, m, fields: dict) -> dict:
-    """The chooser's config at (N, K, M) with a variant's fields over it. Two fields are this
-    tool's, not a kernel's: "SPLIT1": true runs every shape unsplit; gemv's FUSE is forced only
-    where the config has SPLIT = 1 (a fused call cannot split)."""
+    """The chooser's config at (N, K, M) with a variant's fields over it. "SPLIT1": true (this
+    tool's field, not a kernel's) runs every shape unsplit."""
     mod = path_of(m)
     fields = dict(fields)
     unsplit = fields.pop("SPLIT1", False)
     cfg = {**mod.config(n, k, m, interpret=False), **fields}
     if unsplit:
         cfg.update(SPLIT=1, groups_per_split=k // 128)
-    if cfg.get("FUSE") and cfg["SPLIT"] > 1:
-        cfg["FUSE"] = False
     return cfg
 
 
