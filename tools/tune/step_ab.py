@@ -59,16 +59,18 @@ def variant_config(n, k, m, fields: dict) -> dict:
     return cfg
 
 
-def variant_errors(variants: dict, ms: list) -> list:
-    """Why a variant cannot run: a field unknown to the path of some M, or out of its rule
-    (pq2verify.tiles checks each one)."""
+def variant_errors(variants: dict, ms: list, shapes=((5120, 5120),)) -> list:
+    """Why a variant cannot run: a field unknown to the path of some M, or out of its rule on
+    one of the (N, K) shapes it will time (each kernel's config protocol checks it)."""
     bad = []
     for lab, fields in variants.items():
         for m in ms:
-            try:
-                path_of(m).fold(5120, 5120, m, interpret=False, config=variant_config(5120, 5120, m, fields))
-            except ValueError as e:
-                bad.append(f"variant {lab!r} at M={m}: {e}")
+            for n, k in shapes:   # the first shape that refuses it
+                try:
+                    path_of(m).fold(n, k, m, interpret=False, config=variant_config(n, k, m, fields))
+                except ValueError as e:
+                    bad.append(f"variant {lab!r} at M={m}: {e} (at N={n} K={k})")
+                    break
     return bad
 
 
@@ -160,7 +162,11 @@ def main():
         ap.error(f"argument --m: decode Ms are 1-16, got {args.m}")
     if args.no_step and not args.shapes:
         ap.error("argument --no-step: without --shapes nothing would be timed")
-    bad = variant_errors(args.variants, args.m)
+    shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
+    timed = [(shapes[nm].n, shapes[nm].k) for nm in (args.shapes or [])]
+    if not args.no_step:
+        timed += sorted({(sh.n, sh.k) for sh in shapes.values()})
+    bad = variant_errors(args.variants, args.m, timed or [(5120, 5120)])
     if bad:
         ap.error("argument --variants: " + "; ".join(bad))
     t0 = time.time()
@@ -170,7 +176,6 @@ def main():
     def save():
         with open(args.dest, "w") as f:
             json.dump(res, f, indent=1)
-    shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
     makers = {lab: (lambda x, w, o, m, fields=fields: call(x, w, o, m, fields)) for lab, fields in args.variants.items()}
     for name in args.shapes or []:
         res["shapes"].update(time_shape(name, shapes[name], args.m, makers, rounds=args.rounds, reps=args.reps,
