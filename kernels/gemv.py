@@ -202,7 +202,9 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
         # GC = 16 (512 bytes a row a chunk) pays at 14-16K rows and on the 17408-deep down
         # projection, GC = 8 elsewhere; the 5120-row shapes need split-K for enough programs.
         gc = 8 if groups >= 8 else triton.next_power_of_2(groups)
-        if n >= 65536:
+        if n >= 32768:
+            # gate_up (34816 rows) too: 32-row tiles of 4 warps run 6 programs an SM
+            # (results/2026-12-02-decode-levers/)
             bn, warps = 32, 4
         elif n >= 12288:
             bn, warps = 64, 8
