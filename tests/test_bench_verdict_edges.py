@@ -275,3 +275,18 @@ def test_the_summary_prints_regressions_slower_pairs_and_drift():
     assert "run drift bracket (A/A control first and last): 1.200x DRIFT beyond the tolerance" in text, (text, repro(t))
     res["run_drift"]["flagged"] = False
     assert "DRIFT beyond" not in "\n".join(report.summary_lines(res)), repro(t)
+
+
+def test_a_nan_round_never_turns_a_slowdown_into_noise():
+    """The stored run 10 µs in every round, this run 20 µs with one NaN round (a failed read):
+    the NaN is dropped and the rest is old / new = 0.5, a regression; a NaN in the drift bracket
+    is dropped too (10 -> 12 µs: 1.2x, flagged); a NaN round's ratio is not the min or max."""
+    t = "test_a_nan_round_never_turns_a_slowdown_into_noise"
+    r = stats.unpaired_ratio([10.0] * 9, [20.0] * 8 + [math.nan])
+    assert (r["median"], r["lo"], r["hi"], r["n"]) == (0.5, 0.5, 0.5, (9, 8)), (r, repro(t))
+    g = baseline.compare(_run(b=[20.0] * 8 + [math.nan]), _run(b=[10.0] * 9))
+    assert len(g["regressions"]) == 1, (g, repro(t))
+    d = stats.drift([10.0, math.nan, 10.0], [12.0, 12.0, math.nan])
+    assert d["ratio"] == pytest.approx(1.2) and d["flagged"], (d, repro(t))
+    p = stats.ratio_interval([10.0] * 8 + [math.nan], [20.0] * 9)
+    assert (p["min"], p["max"], p["n"]) == (0.5, 0.5, 8), (p, repro(t))

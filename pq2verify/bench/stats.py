@@ -18,6 +18,12 @@ CI_WIDTH = 0.02         # rounds extend until an interval is at most this wide, 
 DRIFT_TOL = 0.05        # the control's last samples over its first beyond 1 +- this: drift
 
 
+def _finite(vals) -> list:
+    """The usable samples: a NaN, inf, None or non-positive time is dropped (a NaN kept would
+    make a median NaN, and a NaN interval compares false both ways: never a regression)."""
+    return [x for x in vals if x is not None and math.isfinite(x) and x > 0]
+
+
 def _q(level: float) -> tuple:
     a = (1 - level) / 2
     return a, 1 - a
@@ -39,7 +45,7 @@ def bootstrap_median(vals, *, boot: int = BOOT, seed: int = SEED, level: float =
 def ratio_interval(tx, ty, **kw) -> dict | None:
     """Speedup of y over x per round (t_x / t_y, > 1: y faster): median, min, max, n (the old
     spread) and lo, hi, the bootstrap interval of the median over the rounds."""
-    r = [a / b for a, b in zip(tx, ty) if a is not None and b is not None and b > 0]
+    r = [a / b for a, b in zip(tx, ty) if a is not None and b is not None and b > 0 and math.isfinite(a / b)]
     ci = bootstrap_median(r, **kw)
     if ci is None:
         return None
@@ -49,8 +55,8 @@ def ratio_interval(tx, ty, **kw) -> dict | None:
 def unpaired_ratio(old, new, *, boot: int = BOOT, seed: int = SEED, level: float = LEVEL) -> dict | None:
     """median(old) / median(new) (> 1: new is faster) with a bootstrap interval that resamples
     each run on its own (rounds of two runs are not paired)."""
-    a = np.asarray([x for x in old if x], dtype=np.float64)
-    b = np.asarray([x for x in new if x], dtype=np.float64)
+    a = np.asarray(_finite(old), dtype=np.float64)
+    b = np.asarray(_finite(new), dtype=np.float64)
     if a.size == 0 or b.size == 0:
         return None
     rng = np.random.default_rng(seed)
@@ -95,8 +101,8 @@ def drift(first, last) -> dict | None:
     """The drift bracket: the control's samples before the first round and after the last.
     ratio = median(last) / median(first) (> 1: the control got slower); flagged beyond
     DRIFT_TOL."""
-    f = [v for v in first if v]
-    la = [v for v in last if v]
+    f = _finite(first)
+    la = _finite(last)
     if not f or not la:
         return None
     r = float(np.median(la) / np.median(f))
