@@ -198,12 +198,22 @@ def _desc(t, block, dtype):
     return TensorDescriptor.from_tensor(t, list(block), _smem_layout(tuple(block), dtype))
 
 
+# The kernel's TMA boxes, in one place: a tile of BT tokens x one group of Q8 codes, one group's
+# scales of that tile, and BW weight rows x one group of code bytes.
+def _act_descs(q, xs_t, bt: int):
+    return _desc(q, (bt, 128), gl.int8), _desc(xs_t, (1, bt), gl.float32)
+
+
+def _codes_desc(codes, bw: int):
+    return _desc(codes, (bw, 32), gl.uint8)
+
+
 def kernel_args(q, codes, xs_t, groups: int, cfg: dict, dots: bool) -> tuple[dict, dict]:
     """(TMA descriptors, constexprs) of _wgmma_kernel for Q8 activations q [M, K], code bytes
     [N, K/4] and scales [G, M]: what run() launches with, and what pq2verify.sm90 compiles."""
     bt, bw = cfg["BM"], cfg["BN"]
-    descs = dict(q_desc=_desc(q, [bt, 128], gl.int8), c_desc=_desc(codes, [bw, 32], gl.uint8),
-                 x_desc=_desc(xs_t, [1, bt], gl.float32))
+    q_desc, x_desc = _act_descs(q, xs_t, bt)
+    descs = dict(q_desc=q_desc, c_desc=_codes_desc(codes, bw), x_desc=x_desc)
     return descs, _consts(groups, cfg, dots)
 
 
@@ -247,8 +257,7 @@ def _views(device, m: int, k: int, bt: int):
         if len(ws["descs"]) >= _DESCS:
             ws["descs"].clear()
         q, sc = ws["q"][: m * k].view(m, k), ws["s"][: g * mp].view(g, mp)[:, :m]
-        v = ws["descs"][(m, k, bt)] = ((q, sc, ws["t"][: m * g].view(m, g)),
-                                       (_desc(q, (bt, 128), gl.int8), _desc(sc, (1, bt), gl.float32)))
+        v = ws["descs"][(m, k, bt)] = ((q, sc, ws["t"][: m * g].view(m, g)), _act_descs(q, sc, bt))
     return v
 
 
@@ -258,7 +267,7 @@ def _code_desc(w, n: int, bw: int):
     key = ("mmq_wgmma code descriptor", n, bw)
     d = w._views.get(key)
     if d is None:
-        d = w._views[key] = _desc(w.codes_u8[: n * w.k // 4].view(n, w.k // 4), (bw, 32), gl.uint8)
+        d = w._views[key] = _codes_desc(w.codes_u8[: n * w.k // 4].view(n, w.k // 4), bw)
     return d
 
 
@@ -279,7 +288,7 @@ def _launch(x, w, out, dots, check, config, gluon_kernel: bool):
             prepare.quantize_q8(x, order="plane", by_group=True, out=bufs)
         else:
             q, xs_t, _ = prepare.quantize_q8(x, order="plane", by_group=True)
-            q_desc, x_desc = _desc(q, (bt, 128), gl.int8), _desc(xs_t, (1, bt), gl.float32)
+            q_desc, x_desc = _act_descs(q, xs_t, bt)
         _wgmma_kernel[grid](q_desc, _code_desc(w, n, bw), x_desc, w.scales_f16, y, dd, m, n, y.stride(0),
                             st["scale_off"], st["scale_row"], **_consts(w.groups, cfg, dots is not None))
     else:

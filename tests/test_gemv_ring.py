@@ -45,9 +45,9 @@ def test_the_ring_keeps_dots_and_bits(cfg, kind, layout, device):
         assert same_bits(y, e), "output bytes differ from the emulation's under the config" + where
 
 
-def test_a_depth_out_of_range_is_refused_naming_the_field():
-    x = torch.zeros(1, K, dtype=torch.bfloat16)
-    w = PQ2Weight.from_raw(torch.from_numpy(gen.ternary_weight(N, K, 11)))
+def test_a_depth_out_of_range_is_refused_naming_the_field(device):
+    x = torch.zeros(1, K, dtype=torch.bfloat16, device=device)
+    w = PQ2Weight.from_raw(torch.from_numpy(gen.ternary_weight(N, K, 11))).to(device)
     for bad in (0, 5, 2.0):
         with pytest.raises(ValueError, match=f"DEPTH={bad!r}"):
             gemv.run(x, w, config={"DEPTH": bad})
