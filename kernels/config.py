@@ -5,8 +5,7 @@ config forced through `run(..., config=)` / `fold(..., config=)`, and the sweep 
 Field names are shared by every path, so a test can build a shape that exercises a config from
 the config alone: BM, BN, BK (tiles along M, N, K), GB / GC (groups a step / a chunk loads),
 groups_per_split or k_per_split with SPLIT (split-K), UNROLL, SWAP, PREFETCH, DEPTH (chunks in
-flight), num_warps,
-num_stages."""
+flight), num_warps, num_stages."""
 from . import table
 
 # Small shapes: one group, a ragged N tile, odd group counts; N = 300, 600, 1200 reach
