@@ -146,11 +146,13 @@ def element(p, k: int, y: torch.Tensor, ref: np.ndarray, abs_sum: np.ndarray, dt
 # --- exact integer group dots -------------------------------------------------------------------
 def dots(got: np.ndarray, want: np.ndarray) -> tuple | None:
     """None where the integer group dots equal the exact ones, else (m, n, g) of the first
-    difference (indices into the arrays given)."""
+    difference (indices into the arrays given; (0, 0, 0) where the shapes differ: dots of part of
+    the case never pass, even where they broadcast onto the exact ones)."""
+    if got.shape != want.shape:
+        return (0, 0, 0)
     if np.array_equal(got, want):
         return None
-    diff = np.argwhere(got != want)
-    return tuple(int(v) for v in diff[0]) if diff.size else (0, 0, 0)   # shapes differ: the first
+    return tuple(int(v) for v in np.argwhere(got != want)[0])
 
 
 # --- golden: bit for bit, or within the cross-ISA bound -------------------------------------------

@@ -1,0 +1,312 @@
+"""The judging code at its edges, on hand-built inputs whose right verdict follows from first
+principles (never from the code under test): the per-element bound's underflow term and its
+elem_factor, a NaN reference among finite ones, the bias statistics on non-finite or degenerate
+samples, the exact comparisons (dots, golden bytes, bits) on -0.0, NaN payloads, dtypes, shapes
+and the last element, and reference.metrics on the same. Each test here was written against a
+fault planted in that code (a mutant) that the rest of the suite let pass."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pq2verify import numerics, registry, verdicts
+from pq2verify.bits import ndiff, same_bits
+from reference import metrics
+
+HERE = ".venv/bin/python -m pytest -q -p no:randomly 'tests/test_judging_edges.py::{}'"
+TINY = 2.0 ** -126                        # FP32's smallest normal: the underflow unit of F
+
+
+def repro(name: str) -> str:
+    return "reproduce: " + HERE.format(name)
+
+
+# --- the per-element bound ------------------------------------------------------------------
+# (path, K, T terms, half): |Y| + F lies in [2^-123, 2^-122) for int_gemv (F = 5 2^-126), so a
+# bf16 spacing of 2^-130 there; in [2^-117, 2^-116) for native (F = 386 2^-126), spacing 2^-124
+@pytest.mark.parametrize("path, k, terms, half", [("int_gemv", 384, 3, 2.0 ** -131), ("native", 384, 384, 2.0 ** -125)])
+def test_underflow_term_of_the_fold_allowance(path, k, terms, half):
+    """An FP32 fold may flush subnormal partial sums to zero, (T + 2) 2^-126 at most (T terms:
+    K/128 groups, or K products). With S = 0 (all terms ~0) the bound on bf16 is that plus half
+    a spacing at |Y| + F: y = 0 against Y = 0.9 of it passes, against 1.1 of it fails."""
+    p = registry.get(path)
+    edge = (terms + 2) * TINY + half
+    for share, want_ok in ((0.9, True), (1.1, False)):
+        ref = np.full((1, 4), share * edge)
+        y = torch.zeros(1, 4, dtype=torch.bfloat16)
+        e = verdicts.element(p, k, y, ref, np.zeros((1, 4)), torch.bfloat16)
+        assert e.ok == want_ok, (f"{path}: y = 0 vs Y = {share} x ((T+2) 2^-126 + half a spacing), T = {terms}: "
+                                 f"ratio {e.ratio:.3g}; {repro('test_underflow_term_of_the_fold_allowance')}")
+        assert e.ratio == pytest.approx(share, rel=1e-6), repro("test_underflow_term_of_the_fold_allowance")
+
+
+def test_elem_factor_scales_the_fold_allowance():
+    """A path declaring elem_factor 2 has twice the F: an error at 1.5x the unscaled F (S large,
+    so the half spacing is negligible) passes it and fails the same path at elem_factor 1."""
+    base = registry.get("int_gemv")
+    wide = dataclasses.replace(base, elem_factor=2.0, elem_reason="test: twice the fold allowance")
+    k, terms = 384, 3
+    S = np.full((1, 2), 2.0 ** 20)
+    f1 = 2.0 ** -24 * (terms + 2) * S[0, 0] + (terms + 2) * TINY       # F of elem_factor 1
+    ref = np.array([[1.0, 1.0]])
+    y = torch.tensor([[1.0 + 1.5 * f1, 1.0]], dtype=torch.float16)    # f1 = 0.3125: 1.46875 in fp16
+    err = float(y[0, 0]) - 1.0
+    assert 1.4 * f1 < err < 1.6 * f1, "precondition: the fp16 value lies near 1.5 F"
+    for p, want_ok in ((base, False), (wide, True)):
+        e = verdicts.element(p, k, y, ref, S, torch.float16)
+        assert e.ok == want_ok, (f"elem_factor {p.elem_factor}: |y - Y| = {err / f1:.3f} F: ratio {e.ratio:.3g}; "
+                                 f"{repro('test_elem_factor_scales_the_fold_allowance')}")
+
+
+def test_one_nan_reference_among_finite_ones_fails_the_element_bound():
+    """A NaN in the FP64 reference (a NaN input the kernel ignored, writing 0 there) with every
+    output finite and the rest exact: no bound holds there, so the verdict fails and counts it."""
+    p = registry.get("int_gemv")
+    ref = np.array([[1.0, 2.0, 0.0, 4.0]])
+    y = torch.tensor(ref, dtype=torch.bfloat16)
+    ref[0, 2] = np.nan
+    e = verdicts.element(p, 384, y, ref, np.abs(np.nan_to_num(ref)), torch.bfloat16)
+    where = repro("test_one_nan_reference_among_finite_ones_fails_the_element_bound")
+    assert not e.ok, f"a NaN reference passed: ratio {e.ratio}; {where}"
+    assert e.outside == 1 and e.first == (0, 2), f"outside {e.outside}, first {e.first}; {where}"
+
+
+def test_the_first_output_outside_is_the_first_in_order():
+    """Two outputs far outside, at [0, 1] and [1, 3]: the failure names [0, 1], the first in
+    row-major order (the message and the failure's `where` point there)."""
+    p = registry.get("int_gemv")
+    ref = np.arange(1.0, 9.0).reshape(2, 4)
+    y = torch.tensor(ref, dtype=torch.bfloat16)
+    y[0, 1] += 1.0
+    y[1, 3] += 1.0
+    e = verdicts.element(p, 384, y, ref, np.abs(ref), torch.bfloat16)
+    assert (e.outside, e.first) == (2, (0, 1)), (f"outside {e.outside}, first {e.first}; "
+                                                 f"{repro('test_the_first_output_outside_is_the_first_in_order')}")
+
+
+# --- exact integer group dots -----------------------------------------------------------------
+def test_dots_differing_only_in_the_last_row_or_group_are_found():
+    want = np.arange(2 * 3 * 4, dtype=np.int64).reshape(2, 3, 4)
+    for where in ((1, 2, 3), (1, 0, 0), (0, 2, 3)):
+        got = want.copy()
+        got[where] += 1
+        assert verdicts.dots(got, want) == where, (f"one dot off by 1 at {where}: {verdicts.dots(got, want)}; "
+                                                    f"{repro('test_dots_differing_only_in_the_last_row_or_group_are_found')}")
+    assert verdicts.dots(want.copy(), want) is None
+
+
+def test_dots_of_another_shape_never_pass():
+    """Dots for fewer groups (or rows) than the case has cover only part of it: a failure, even
+    where every dot they hold is right and they broadcast onto the exact ones (equal rows)."""
+    want = np.tile(np.arange(3 * 4, dtype=np.int64).reshape(1, 3, 4), (2, 1, 1))
+    for got in (want[:, :, :3], want[:1], want[:, :1], want.reshape(2, 12)):
+        assert verdicts.dots(got, want) is not None, (f"dots of shape {got.shape} vs {want.shape} passed; "
+                                                      f"{repro('test_dots_of_another_shape_never_pass')}")
+
+
+# --- golden: bit for bit, or within the cross-ISA bound ---------------------------------------
+def _golden_want():
+    return torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.25, 4.0, -1.5, 8.0]], dtype=torch.bfloat16)
+
+
+def test_golden_bytes_tell_signed_zeros_and_nan_payloads_apart():
+    """Bit for bit: -0.0 is not +0.0, and an output that is NaN in the capture and NaN now, with
+    the same bits, is identical (a float == would say the opposite of both)."""
+    name = "test_golden_bytes_tell_signed_zeros_and_nan_payloads_apart"
+    want = _golden_want()
+    want[0, 2] = 0.0
+    y = want.clone()
+    y[0, 2] = -0.0
+    assert verdicts.compare(y, want)[0] == "different", f"-0.0 vs captured +0.0 passed; {repro(name)}"
+    want[1, 1] = float("nan")
+    assert verdicts.compare(want.clone(), want)[0] == "identical", f"same NaN bits called different; {repro(name)}"
+    other = want.clone()
+    other.view(torch.int16)[1, 1] ^= 1                     # another NaN payload
+    assert verdicts.compare(other, want)[0] == "different", f"another NaN payload passed; {repro(name)}"
+
+
+def test_golden_bytes_find_one_ulp_in_the_last_element():
+    want = _golden_want()
+    y = want.clone()
+    y.view(torch.int16)[1, 3] += 1
+    status, detail = verdicts.compare(y, want)
+    assert status == "different" and "[1, 3]" in detail, (
+        f"{status} {detail}; {repro('test_golden_bytes_find_one_ulp_in_the_last_element')}")
+
+
+def test_golden_bound_judges_the_last_row_too():
+    """Within the bound everywhere but the last element, which is 2 ulps off with a bound of
+    one ulp: 'different', naming it."""
+    want = _golden_want()
+    ulp = torch.from_numpy(metrics.spacing(want.double().numpy(), torch.bfloat16)).double().numpy()
+    y = want.clone()
+    y.view(torch.int16)[0, 0] += 1                        # one ulp: inside
+    y.view(torch.int16)[1, 3] += 2                        # two ulps: outside
+    status, detail = verdicts.compare_bound(y, want, 1.0 * ulp)
+    assert status == "different" and "[1, 3]" in detail, (
+        f"{status} {detail}; {repro('test_golden_bound_judges_the_last_row_too')}")
+
+
+def test_golden_bound_accepts_a_nan_with_the_captured_bits():
+    """A NaN the capture holds too, bit for bit, is the same output; the other differences lie
+    within their bound, so the whole is 'within bound'."""
+    want = _golden_want()
+    want[0, 1] = float("nan")
+    ulp = metrics.spacing(np.nan_to_num(want.double().numpy()), torch.bfloat16)
+    y = want.clone()
+    y.view(torch.int16)[1, 0] += 1
+    status, detail = verdicts.compare_bound(y, want, ulp)
+    assert status == "within bound", f"{status} {detail}; {repro('test_golden_bound_accepts_a_nan_with_the_captured_bits')}"
+
+
+# --- bits of tensors -------------------------------------------------------------------------
+def test_same_bits_needs_the_same_dtype_shape_and_bits():
+    name = "test_same_bits_needs_the_same_dtype_shape_and_bits"
+    a = torch.tensor([1.0, 0.0, -2.0, 3.0, 0.5, 6.0], dtype=torch.bfloat16)
+    as_fp16 = a.view(torch.int16).view(torch.float16)           # the same 16-bit patterns, read as fp16
+    assert not same_bits(a, as_fp16), f"bf16 and fp16 with equal bit patterns called the same; {repro(name)}"
+    assert not same_bits(a.view(2, 3), a.view(3, 2)), f"[2, 3] and [3, 2] called the same; {repro(name)}"
+    z = a.clone()
+    z[1] = -0.0
+    assert not same_bits(a, z), f"-0.0 and +0.0 called the same; {repro(name)}"
+    n = a.clone()
+    n[2] = float("nan")
+    assert same_bits(n, n.clone()), f"equal NaN bits called different; {repro(name)}"
+    assert ndiff(a, z) == 1 and ndiff(a.view(2, 3), a.view(3, 2)) == -1, repro(name)
+
+
+# --- reference.metrics ---------------------------------------------------------------------------
+def test_relative_rms_is_relative_at_any_scale():
+    """||y - ref|| / ||ref||: 1% off is 0.01 whether ||ref|| is 5e-3 or 5e3."""
+    for scale in (1e-3, 1e3):
+        ref = np.array([3.0, -4.0]) * scale
+        got = metrics.relative_rms(ref * 1.01, ref)
+        assert got == pytest.approx(0.01, rel=1e-9), (
+            f"||ref|| = {5 * scale:g}: {got}; {repro('test_relative_rms_is_relative_at_any_scale')}")
+
+
+def test_max_abs_is_the_largest_difference_wherever_it_lies():
+    ref = np.zeros((2, 3))
+    for where in ((0, 0), (1, 1), (0, 2)):
+        y = ref.copy() + 0.125
+        y[where] = -2.0
+        assert metrics.max_abs(y, ref) == 2.0, (
+            f"largest at {where}: {metrics.max_abs(y, ref)}; {repro('test_max_abs_is_the_largest_difference_wherever_it_lies')}")
+
+
+def test_max_ulp_is_the_largest_distance_wherever_it_lies():
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.bfloat16)
+    b = a.clone()
+    b.view(torch.int16)[0, 0] += 1
+    b.view(torch.int16)[1, 1] += 5
+    assert metrics.max_ulp(b, a) == 5, f"{metrics.max_ulp(b, a)}; {repro('test_max_ulp_is_the_largest_distance_wherever_it_lies')}"
+
+
+def test_ulp_distance_to_a_nan_reference_is_far():
+    """A finite output against a NaN reference is no number of ulps away: FAR, whichever side
+    holds the NaN."""
+    y = np.array([1.0, 2.0], np.float16)
+    r = np.array([1.0, np.nan], np.float16)
+    name = "test_ulp_distance_to_a_nan_reference_is_far"
+    assert metrics.ulp_distance(y, r).tolist() == [0, metrics.FAR], f"{metrics.ulp_distance(y, r)}; {repro(name)}"
+    assert metrics.ulp_distance(r, y).tolist() == [0, metrics.FAR], f"{metrics.ulp_distance(r, y)}; {repro(name)}"
+
+
+def test_spacing_below_the_normal_range_is_the_subnormal_step():
+    """bf16 (8 significant bits, emin -126): 2^-133 below 2^-126; fp16 (11 bits, emin -14): 2^-24
+    below 2^-14; at the smallest normal itself the same; one binade up, twice it."""
+    name = "test_spacing_below_the_normal_range_is_the_subnormal_step"
+    for dt, emin, p in ((torch.bfloat16, -126, 8), (torch.float16, -14, 11)):
+        step = 2.0 ** (emin - p + 1)
+        got = metrics.spacing(np.array([0.0, 2.0 ** (emin - 3), 2.0 ** emin, 2.0 ** (emin + 1)]), dt)
+        assert got.tolist() == [step, step, step, 2 * step], f"{dt}: {got}; {repro(name)}"
+
+
+def test_round_once_keeps_the_largest_finite_value():
+    """65504 is fp16's largest finite value: it rounds to itself; past the halfway point to the
+    next binade (65520) it overflows to inf."""
+    got = metrics.round_once(np.array([65504.0, 65519.0, 65520.0, -65504.0]), torch.float16)
+    assert got.tolist() == [65504.0, 65504.0, math.inf, -65504.0], (
+        f"{got}; {repro('test_round_once_keeps_the_largest_finite_value')}")
+
+
+# --- the signed-bias statistics ----------------------------------------------------------------
+def test_bias_of_a_nan_reference_never_passes():
+    """A NaN reference gives no evidence of an unbiased error: both statistics must lie beyond
+    every threshold, however few outputs carry a nonzero reference (here one, a NaN)."""
+    y = np.array([1.0, 0.0, 0.0, 0.0])
+    ref = np.array([np.nan, 0.0, 0.0, 0.0])
+    t_scale, t_offset = numerics.bias(y, ref, torch.bfloat16)
+    assert not abs(t_scale) <= 1e300 and not abs(t_offset) <= 1e300, (
+        f"t_scale {t_scale}, t_offset {t_offset}; {repro('test_bias_of_a_nan_reference_never_passes')}")
+
+
+# --- the check engine: faults confined to the last row, output, group or rerun ----------------
+def _case(path, m):
+    from pq2verify import checks
+    return checks.cases("small", paths=[path], ms=[m], dtypes=["bf16"], layouts=["prepared"])[0]
+
+
+def _evaluate(path, m, wrap, checks_=("rms",)):
+    from pq2verify import checks
+    real = registry.get(path).kernel()
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots) if registry.get(path).has_dots else real(x, w, out=out)
+        wrap(x, y, dots)
+        return y
+    c = _case(path, m)
+    return c, checks.evaluate(c, "cpu", checks=checks_, kernel=run)
+
+
+def test_an_unwritten_last_row_fails():
+    """out is pre-filled with NaN: a kernel that never stores its last row leaves NaN there."""
+    def wrap(x, y, dots):
+        y[-1] = float("nan")
+    c, r = _evaluate("int_gemv", 3, wrap)
+    assert r.written is False and verdicts.WRITTEN in r.failed, (
+        f"{c.id}: {r.failed}; {repro('test_an_unwritten_last_row_fails')}")
+
+
+def test_a_last_output_that_reads_other_rows_fails_batch_invariance():
+    """Each row's last output replaced by the sum of the whole batch's x: row i's other outputs
+    keep their bits when the other rows change, its last one does not."""
+    def wrap(x, y, dots):
+        y[:, -1] = x.float().sum()
+    c, r = _evaluate("int_gemv", 3, wrap, ("batch",))
+    assert r.batch_invariant is False and verdicts.BATCH in r.failed, (
+        f"{c.id}: {r.failed}; {repro('test_a_last_output_that_reads_other_rows_fails_batch_invariance')}")
+
+
+def test_a_nan_leaking_into_the_last_other_row_fails():
+    """One NaN planted in x: a kernel that also makes the last row without it NaN changed a row
+    the NaN never reached."""
+    def wrap(x, y, dots):
+        bad = torch.isnan(x).any(1)
+        if bad.any():
+            y[[i for i in range(x.shape[0]) if not bad[i]][-1]] = float("nan")
+    c, r = _evaluate("int_gemv", 3, wrap, ("nan",))
+    assert r.nan_exact is False and verdicts.NAN in r.failed, (
+        f"{c.id}: {r.failed}; {repro('test_a_nan_leaking_into_the_last_other_row_fails')}")
+
+
+def test_a_wrong_dot_in_the_last_group_fails():
+    def wrap(x, y, dots):
+        if dots is not None:
+            dots[-1, -1, -1] += 1
+    c, r = _evaluate("int_gemv", 3, wrap, ("exact",))
+    assert r.dots_exact is False and verdicts.DOTS in r.failed, (
+        f"{c.id}: {r.failed}; {repro('test_a_wrong_dot_in_the_last_group_fails')}")
+
+
+def test_a_dots_claim_broken_in_the_last_dot_fails():
+    """gemv claims int_gemv's group dots: one dot off in its last row, output and group breaks
+    the claim (and the exact dots)."""
+    def wrap(x, y, dots):
+        if dots is not None:
+            dots[-1, -1, -1] += 1
+    c, r = _evaluate("gemv", 1, wrap, ("exact",))
+    assert r.claim.startswith("dots ==") and r.claim_held is False and verdicts.CLAIM in r.failed, (
+        f"{c.id}: {r.claim} {r.claim_held} {r.failed}; {repro('test_a_dots_claim_broken_in_the_last_dot_fails')}")
