@@ -713,6 +713,35 @@ def markdown(verdicts: list[Verdict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def html(verdicts: list[Verdict]) -> str:
+    """The markdown report's content as one self-contained page: the verdict line first, then
+    the fault x path table (a row with a fault not caught, a flagged control or an error is
+    marked), the faults missed with their reproduce lines, and the known holes."""
+    from .report import html as h
+    faults = list(dict.fromkeys(v.fault for v in verdicts))
+    paths = list(dict.fromkeys(v.path for v in verdicts))
+    at = {(v.fault, v.path): v for v in verdicts}
+    s = summary(verdicts)
+    tested = sum(v.status != "n/a" for v in verdicts)
+    ok = s["ok"] and tested > 0
+    head = "PASS" if ok else "FAIL"
+    body = [h.verdict(ok, f"{head}: {_counts(s)}" + ("" if tested else "; no selected fault was applicable")),
+            h.meta(provenance.collect())]
+    rows = [[f] + [at[(f, p)].cell() if (f, p) in at else "" for p in paths] for f in faults]
+    marks = ["fail" if any((f, p) in at and not at[(f, p)].ok for p in paths) else "" for f in faults]
+    body.append(h.table(["fault"] + paths, rows, marks))
+    bad = [v for v in verdicts if not v.ok]
+    if bad:
+        body.append(h.problems("Not caught, or a control flagged:",
+                               [f"{v.fault} x {v.path}: {v.cell()}; reproduce: {v.repro}" for v in bad]))
+    holes = [v for v in verdicts if v.status == "known hole"]
+    if holes:
+        body.append(h.problems("Known holes (no check of this backend can see them; not counted as caught):",
+                               [f"{v.fault} x {v.path}: {v.reason}; reproduce: {v.repro}" for v in holes]))
+    body.append(h.table(["fault", "what it plants"], [[f, BY_NAME[f].what] for f in faults if f in BY_NAME]))
+    return h.page(f"pq2verify selftest ({backend.name()})", body)
+
+
 def to_json(verdicts: list[Verdict], device: str) -> dict:
     return {"device": device, "provenance": provenance.collect(), "summary": summary(verdicts),
             "faults": {f.name: f.what for f in FAULTS}, "verdicts": [asdict(v) for v in verdicts]}

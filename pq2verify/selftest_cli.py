@@ -27,6 +27,7 @@ def register(sub):
     ap.add_argument("--list-faults", action="store_true", help="list the faults and exit")
     cli.add_output(ap, "--json", help="write every verdict to this file")
     cli.add_output(ap, "--markdown", help="write the fault x path table as Markdown to this file")
+    cli.add_output(ap, "--html", help="also a self-contained HTML page of the same report")
     ap.set_defaults(func=main)
 
 
@@ -85,5 +86,6 @@ def main(args) -> int:
     if not tested:
         print("selftest: FAIL: no selected fault was applicable; nothing was tested", file=sys.stderr)
     outputs.write_all([("--json", args.json, lambda: json.dumps(selftest.to_json(verdicts, device), indent=1)),
-                       ("--markdown", args.markdown, lambda: selftest.markdown(verdicts))])
+                       ("--markdown", args.markdown, lambda: selftest.markdown(verdicts)),
+                       ("--html", args.html, lambda: selftest.html(verdicts))])
     return 0 if s["ok"] and tested else 1
