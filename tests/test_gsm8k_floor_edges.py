@@ -125,7 +125,9 @@ def test_margins_are_each_runs_own_choice_over_the_other():
     t = "test_margins_are_each_runs_own_choice_over_the_other"
     a = _rec([7], [[[7, -0.5], [8, -1.0]]], "1", correct=True)
     b = _rec([8], [[[8, -0.25], [7, -1.25]]], "2", correct=False)
-    d = report.compare({0: a}, {0: b})["diffs"][0]
+    c = report.compare({0: a}, {0: b})
+    assert (c["identical_answers"], c["answer_diffs"], c["text_only_diffs"]) == (0, 1, 0), (c, repro(t))
+    d = c["diffs"][0]
     assert (d["margin_a"], d["margin_b"], d["kind"]) == (0.5, 1.0, "real"), (d, repro(t))
     assert d["class"] == "right->wrong", (d["class"], repro(t))
     d = report.compare({0: b}, {0: a})["diffs"][0]
@@ -158,6 +160,9 @@ def test_the_html_colours_only_a_decided_within_green_and_a_real_flip_red():
         page = report.html({**rep, "verdict": vd}, "", {0: a}, {0: b})
         line = next(x for x in page.splitlines() if "verdict: " in x)
         assert f'class="{cls}"' in line, (vd["verdict"], line, repro(t))
+    # the page's own rule, whoever made the verdict: an undecided one is never green
+    page = report.html({**rep, "verdict": {"verdict": "within arithmetic noise", "decided": False}}, "", {0: a}, {0: b})
+    assert 'class="verdict-fail">verdict: within' in page, (page, repro(t))
     assert '<tr class="fail"><td>0</td><td>right-&gt;wrong</td><td>real</td>' in page, (page, repro(t))
 
 

@@ -86,3 +86,16 @@ def test_a_side_that_ran_another_path_than_planned_fails():
     res = _run(planned={"a": ["int_gemv"], "b": ["small_mma"]})
     assert not res["ok"] and verdicts.TRACE in res["calls"][0]["failed"], (res["calls"][0]["failures"], repro(t))
     assert _run(planned={"a": ["int_gemv"], "b": ["gemv"]})["ok"], repro(t)
+
+
+def test_a_deterministic_path_whose_bytes_differ_from_its_own_run_fails_the_claim():
+    """A and B both int_gemv (deterministic: the registry claims its bytes repeat), B's output
+    one bf16 step off in one element: the claim of equal bytes fails; equal bytes pass it."""
+    t = "test_a_deterministic_path_whose_bytes_differ_from_its_own_run_fails_the_claim"
+    assert registry.get("int_gemv").deterministic, repro(t)
+    y = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.bfloat16)
+    moved = torch.tensor([[1.0, 2.0 + 2.0 ** -6, 3.0]], dtype=torch.bfloat16)     # bf16's step at 2 is 2^-6
+    assert not torch.equal(y, moved), repro(t)
+    a, b = replay.Out("int_gemv", y, None), replay.Out("int_gemv", moved, None)
+    assert verdicts.CLAIM_AB in replay.pair_metrics(a, b, None)["failed"], repro(t)
+    assert not replay.pair_metrics(a, replay.Out("int_gemv", y.clone(), None), None)["failed"], repro(t)
