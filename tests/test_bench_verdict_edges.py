@@ -70,7 +70,8 @@ def test_the_unpaired_ratio_is_old_over_new():
     ({"median": 0.95, "lo": 0.90, "hi": 1.01}, None, "within noise"),
 ])
 def test_a_verdict_needs_the_near_tail_outside_the_band_holding_one(ci, aa, want):
-    assert stats.verdict(ci, aa) == want, (ci, aa, repro("test_a_verdict_needs_the_near_tail_outside_the_band_holding_one"))
+    t = "test_a_verdict_needs_the_near_tail_outside_the_band_holding_one"
+    assert stats.verdict(ci, aa) == want, (ci, aa, repro(t))
 
 
 def test_drift_either_way_is_flagged_and_the_ratio_is_last_over_first():
@@ -109,7 +110,8 @@ def test_a_tuned_path_twice_as_slow_as_legacy_is_slower_outside_noise():
     p = verdicts.slower_than_legacy([slow], Config())
     assert len(p) == 1 and p[0]["slower"] and not p[0]["within_noise"], (p, repro(t))
     assert p[0]["verdict"].startswith("slower than legacy"), (p, repro(t))
-    tg = next(x for x in verdicts.assess({"rows": [slow]}, Config())["targets"] if x["target"].startswith("every tuned"))
+    tg = next(x for x in verdicts.assess({"rows": [slow]}, Config())["targets"]
+              if x["target"].startswith("every tuned"))
     assert tg["met"] is False and "gemv vs int_gemv" in tg["gap"], (tg, repro(t))
     near = _legacy_row({"median": 0.95, "lo": 0.9, "hi": 1.1, "min": 0.85, "max": 1.15, "n": 9})
     p = verdicts.slower_than_legacy([near], Config())
@@ -193,8 +195,8 @@ def test_flagged_drift_is_listed_and_unflagged_is_not_and_the_run_bracket_reads_
               "timing": {"control": "a", "drift": stats.drift([10.0] * 3, [10.1] * 3)}}
     last = {**_aa(0.99, 1.01, [12.0] * 7), "key": "aa:last"}
     j = verdicts.judge({"rows": [_aa(0.99, 1.01), drifted, steady, last]})
-    keys = [d.split(":")[0] + ":" + d.split(":")[1] if d.startswith("shape") else d.split(":")[0] for d in j["drift"]]
-    assert keys == ["shape:d", "run"], (j["drift"], repro(t))
+    assert len(j["drift"]) == 2 and j["drift"][0].startswith("shape:d:m1: control a 10 -> 12"), (j["drift"], repro(t))
+    assert j["drift"][1].startswith("run: the A/A control 10 µs at the start, 12 µs at the end"), (j["drift"], repro(t))
     assert j["run_drift"]["ratio"] == pytest.approx(1.2) and j["run_drift"]["flagged"], (j["run_drift"], repro(t))
 
 

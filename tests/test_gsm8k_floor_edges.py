@@ -38,7 +38,8 @@ def test_the_sign_tests_tails_are_exact():
 def test_the_fewest_questions_is_the_first_n_with_two_to_the_minus_n_below_alpha(alpha, need):
     """p < alpha at best is 2^-n < alpha: 0.5 needs n = 2 (2^-1 = 0.5 is not below), 0.25 needs
     3, 0.2 needs 3 (2^-3 = 0.125), 0.01 needs 7 (2^-7 = 0.0078)."""
-    assert floor.min_questions(alpha) == need, repro("test_the_fewest_questions_is_the_first_n_with_two_to_the_minus_n_below_alpha")
+    t = "test_the_fewest_questions_is_the_first_n_with_two_to_the_minus_n_below_alpha"
+    assert floor.min_questions(alpha) == need, repro(t)
 
 
 def test_p_equal_to_alpha_is_within_noise():
