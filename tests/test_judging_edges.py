@@ -26,7 +26,8 @@ def repro(name: str) -> str:
 # --- the per-element bound ------------------------------------------------------------------
 # (path, K, T terms, half): |Y| + F lies in [2^-123, 2^-122) for int_gemv (F = 5 2^-126), so a
 # bf16 spacing of 2^-130 there; in [2^-117, 2^-116) for native (F = 386 2^-126), spacing 2^-124
-@pytest.mark.parametrize("path, k, terms, half", [("int_gemv", 384, 3, 2.0 ** -131), ("native", 384, 384, 2.0 ** -125)])
+@pytest.mark.parametrize("path, k, terms, half", [("int_gemv", 384, 3, 2.0 ** -131), ("native", 384, 384, 2.0 ** -125)],
+                         ids=["int_gemv", "native"])
 def test_underflow_term_of_the_fold_allowance(path, k, terms, half):
     """An FP32 fold may flush subnormal partial sums to zero, (T + 2) 2^-126 at most (T terms:
     K/128 groups, or K products). With S = 0 (all terms ~0) the bound on bf16 is that plus half
@@ -301,12 +302,99 @@ def test_a_wrong_dot_in_the_last_group_fails():
         f"{c.id}: {r.failed}; {repro('test_a_wrong_dot_in_the_last_group_fails')}")
 
 
-def test_a_dots_claim_broken_in_the_last_dot_fails():
-    """gemv claims int_gemv's group dots: one dot off in its last row, output and group breaks
-    the claim (and the exact dots)."""
+@pytest.mark.parametrize("path, m", [("gemv", 1), ("small_mma", 3)])
+def test_a_dots_claim_broken_in_the_last_dot_fails(path, m):
+    """gemv and small_mma claim int_gemv's group dots: one dot off in the last row, output and
+    group breaks the claim (and the exact dots)."""
     def wrap(x, y, dots):
         if dots is not None:
             dots[-1, -1, -1] += 1
-    c, r = _evaluate("gemv", 1, wrap, ("exact",))
+    c, r = _evaluate(path, m, wrap, ("exact",))
     assert r.claim.startswith("dots ==") and r.claim_held is False and verdicts.CLAIM in r.failed, (
         f"{c.id}: {r.claim} {r.claim_held} {r.failed}; {repro('test_a_dots_claim_broken_in_the_last_dot_fails')}")
+
+
+def test_a_bytes_claim_tells_signed_zeros_apart(monkeypatch):
+    """mmq_planes claims mmq's bytes: where mmq writes -0.0 and mmq_planes +0.0 the values are
+    equal and the bytes are not, so the claim fails."""
+    import importlib
+    mod = importlib.import_module("kernels.mmq")
+    real_mmq = mod.run
+
+    def mmq_neg_zero(x, w, *, out=None, dots=None, **kw):
+        y = real_mmq(x, w, out=out, dots=dots, **kw)
+        y[0, 0] = -0.0
+        return y
+    monkeypatch.setattr(mod, "run", mmq_neg_zero)
+
+    def wrap(x, y, dots):
+        y[0, 0] = 0.0
+    c, r = _evaluate("mmq_planes", 17, wrap, ("exact",))
+    assert r.claim.startswith("bytes ==") and r.claim_held is False and verdicts.CLAIM in r.failed, (
+        f"{c.id}: {r.claim} {r.claim_held} {r.failed}; {repro('test_a_bytes_claim_tells_signed_zeros_apart')}")
+
+
+# --- golden: a stored tensor must be the case's whole tensor -----------------------------------
+def test_a_stored_tensor_of_another_dtype_or_shape_is_integrity():
+    """A [2, 6] bf16 case: the same 12 elements stored as [3, 4] or [12], or as fp16 bits, are
+    not the case's tensor (a comparison of them would read other elements or other values)."""
+    from pq2verify.golden import verifying
+    from pq2verify.golden.store import GoldenIntegrityError
+    name = "test_a_stored_tensor_of_another_dtype_or_shape_is_integrity"
+    t = torch.arange(12, dtype=torch.bfloat16).reshape(2, 6)
+    verifying._whole(t, (2, 6), "bf16", "y")                  # the whole tensor: accepted
+    for bad in (t.reshape(3, 4), t.reshape(12), t.view(torch.int16).view(torch.float16)):
+        with pytest.raises(GoldenIntegrityError):
+            verifying._whole(bad, (2, 6), "bf16", "y")
+            pytest.fail(f"{tuple(bad.shape)} {bad.dtype} accepted as [2, 6] bf16; {repro(name)}")
+
+
+# --- golden: a damaged manifest is refused when loaded ----------------------------------------
+def _manifest_dir(tmp_path, **changes):
+    """A folder holding only a hand-written format-2 manifest of one case and no tensor files
+    (files: {}), with `changes` applied to the manifest (a key set to None is removed)."""
+    import json
+    from pq2verify import checks
+    from pq2verify.golden import store
+    case = {k: 0 for k in checks.Case.__dataclass_fields__}
+    case.update(id="c0", file="y.safetensors", x="x0", weight="w0", y_sha256="0" * 64)
+    man = {"format": 2, "backend_key": "interpreter", "files": {}, "cases": [case], "paths": {}, "weights": {}}
+    man.update(changes)
+    man = {k: v for k, v in man.items() if v is not None}
+    d = tmp_path / "interpreter"
+    d.mkdir()
+    (d / store.MANIFEST).write_text(json.dumps(man))
+    return d
+
+
+def test_a_case_naming_a_file_its_manifest_does_not_list_is_refused(tmp_path):
+    from pq2verify.golden import store
+    d = _manifest_dir(tmp_path)
+    with pytest.raises(store.GoldenIntegrityError, match="y.safetensors"):
+        store.load(d)
+        pytest.fail(f"case c0's unlisted file passed load; "
+                    f"{repro('test_a_case_naming_a_file_its_manifest_does_not_list_is_refused')}")
+
+
+@pytest.mark.parametrize("fmt", [0, 3, "2", None])
+def test_a_manifest_of_an_unknown_format_is_refused(fmt, tmp_path):
+    """Formats 1 and 2 are read; any other (or none) is a manifest this code cannot vouch for."""
+    from pq2verify.golden import store
+    d = _manifest_dir(tmp_path, format=fmt, files={}, cases=[])
+    with pytest.raises(store.GoldenIntegrityError, match="format"):
+        store.load(d)
+        pytest.fail(f"format {fmt!r} loaded; {repro('test_a_manifest_of_an_unknown_format_is_refused')}")
+
+
+def test_an_isa_key_the_capture_lacks_is_a_difference():
+    """A capture that recorded fewer ISA fields than this machine's key (say, before numpy's
+    BLAS core was recorded) does not show the same kernels: the keys differ, naming the field;
+    and the other way round."""
+    from pq2verify.golden import isakey
+    now = {"machine": "x86_64", "cpu": "GenuineIntel", "numpy_blas": "scipy-openblas 0.3.27 core Haswell"}
+    old = {k: v for k, v in now.items() if k != "numpy_blas"}
+    name = "test_an_isa_key_the_capture_lacks_is_a_difference"
+    assert isakey.isa_difference(dict(now), now) == "", repro(name)
+    for cap, cur in ((old, now), (now, old)):
+        why = isakey.isa_difference(cap, cur)
+        assert "numpy_blas" in why, f"captured {cap} vs now {cur}: {why!r}; {repro(name)}"
