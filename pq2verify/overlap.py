@@ -41,6 +41,10 @@ class Rendezvous:
         # compile now, alone (a party of one meets at once): never inside a graph capture
         _rendezvous_kernel[(1,)](torch.zeros(2, dtype=torch.int32, device=device), 1,
                                  MAX_SPIN=max_spin, num_warps=1)
+        # the zeros above were written on the current stream; the parties run on others, which
+        # do not wait for it: a party counted before the fill would be wiped (seen on a loaded
+        # GPU as one arrival of two and no meeting)
+        torch.cuda.synchronize(device)
 
     def meet(self) -> None:
         _rendezvous_kernel[(1,)](self.state, self.parties, MAX_SPIN=self.max_spin, num_warps=1)
@@ -146,6 +150,7 @@ class Hold:
         self._seen = torch.full((3,), -1, dtype=torch.int64, device=device)  # the probe's
         self._dummy = torch.zeros(1, dtype=torch.int32, device=device)
         self._keep: list = []
+        self._warm: set = set()     # the producer's specializations compiled and loaded
         # compile now, outside any timing: no hold, no copies
         self._launch([], torch.zeros(4, dtype=torch.int64, device=device), 0)
         _probe_kernel[(1,)](self._state, torch.zeros(3, dtype=torch.int64, device=device), num_warps=1,
@@ -159,8 +164,31 @@ class Hold:
         args += [self._dummy, self._dummy, 0] * (4 - len(copies))
         _hold_kernel[(1,)](*args, state, hold_ns, MAX_SPIN=HOLD_MAX_SPIN, BLOCK=1024, num_warps=1)
 
+    @staticmethod
+    def _key(copies) -> tuple:
+        """What the producer's compiled specialization depends on: the copies' sizes (ints are
+        specialized as 1 or multiples of 16) and their addresses' 16-byte alignment."""
+        return tuple((s.numel(), s.numel() % 16, s.data_ptr() % 16, d.data_ptr() % 16)
+                     for s, d in word_views(copies))
+
+    def warm(self, copies) -> None:
+        """Compile and load the producer's specialization for copies like these, with no hold and
+        into scratch buffers of the same alignment. A module loaded while the gate spins waits for
+        the device to go idle, i.e. for the gate to time out: arm() warms each new one first."""
+        key = self._key(copies)
+        if key in self._warm:
+            return
+        scratch = [(s, torch.empty(d.numel() * d.element_size() // 4 + 4, dtype=torch.int32,
+                                   device=d.device)) for s, d in word_views(copies)]
+        scratch = [(s, t[(d.data_ptr() % 16) // 4:][: s.numel()]) for (s, t), (_, d) in zip(scratch, word_views(copies))]
+        self._launch(scratch, torch.zeros(4, dtype=torch.int64, device=self.device), 0)
+        torch.cuda.synchronize(self.device)
+        self._warm.add(key)
+
     def arm(self, copies=()) -> None:
         copies = list(copies)
+        if not torch.cuda.is_current_stream_capturing():
+            self.warm(copies)
         self._keep = copies                   # the sources stay alive until the next round
         self._state.zero_()                 # fills go before the gate: between the producer and
         self._seen.fill_(-1)                # its consumer no other kernel may run

@@ -133,8 +133,8 @@ def _inputs(name, n, k, m, seed=5):
 
 def _held_runs(monkeypatch, mod, x, w, good, hold, stream):
     """REPEATS overlapped calls of mod.run: per repeat (output, hold witness). One more call goes
-    first, not counted: it compiles the producer's specialization for these copies (the gate
-    waits seconds for that, but a compile is no part of what is judged)."""
+    first, not counted (Hold.arm compiles the producer's specialization for these copies before
+    its gate; the first round is still no part of what is judged)."""
     from kernels import prepare
     log = []
     monkeypatch.setattr(prepare, "quantize_q8", held_quantize(good, hold.arm, log))
