@@ -44,7 +44,7 @@ def tile_fault(y_n_tile=_mmq_bn):
     return broken
 
 
-def test_fixed_matrix_misses_the_tile_fault():
+def test_fixed_matrix_misses_the_tile_fault(cpu_only):
     """The planted fault passes every case of the fixed small matrix (its N are 200 and 64, each
     within one mmq tile on the interpreter): the matrix cannot see it."""
     todo = cases.check_cases("small", paths=["mmq"])
@@ -56,7 +56,7 @@ def test_fixed_matrix_misses_the_tile_fault():
 SEED = 1   # mmq's first fuzz case of this seed has N = 484 > 256
 
 
-def test_fuzz_finds_and_shrinks_the_tile_fault():
+def test_fuzz_finds_and_shrinks_the_tile_fault(cpu_only):
     rep = fuzz.run(SEED, [registry.get("mmq")], "cpu", budget_s=600, max_cases=8,
                    kernel={"mmq": tile_fault()}, shrink_s=300)
     how = f"\n  reproduce: {REPRO} finds_and_shrinks (seed {SEED})"

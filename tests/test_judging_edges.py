@@ -262,7 +262,7 @@ def _evaluate(path, m, wrap, checks_=("rms",)):
     return c, checks.evaluate(c, "cpu", checks=checks_, kernel=run)
 
 
-def test_an_unwritten_last_row_fails():
+def test_an_unwritten_last_row_fails(cpu_only):
     """out is pre-filled with NaN: a kernel that never stores its last row leaves NaN there."""
     def wrap(x, y, dots):
         y[-1] = float("nan")
@@ -271,7 +271,7 @@ def test_an_unwritten_last_row_fails():
         f"{c.id}: {r.failed}; {repro('test_an_unwritten_last_row_fails')}")
 
 
-def test_a_last_output_that_reads_other_rows_fails_batch_invariance():
+def test_a_last_output_that_reads_other_rows_fails_batch_invariance(cpu_only):
     """Each row's last output replaced by the sum of the whole batch's x: row i's other outputs
     keep their bits when the other rows change, its last one does not."""
     def wrap(x, y, dots):
@@ -281,7 +281,7 @@ def test_a_last_output_that_reads_other_rows_fails_batch_invariance():
         f"{c.id}: {r.failed}; {repro('test_a_last_output_that_reads_other_rows_fails_batch_invariance')}")
 
 
-def test_a_nan_leaking_into_the_last_other_row_fails():
+def test_a_nan_leaking_into_the_last_other_row_fails(cpu_only):
     """One NaN planted in x: a kernel that also makes the last row without it NaN changed a row
     the NaN never reached."""
     def wrap(x, y, dots):
@@ -293,7 +293,7 @@ def test_a_nan_leaking_into_the_last_other_row_fails():
         f"{c.id}: {r.failed}; {repro('test_a_nan_leaking_into_the_last_other_row_fails')}")
 
 
-def test_a_wrong_dot_in_the_last_group_fails():
+def test_a_wrong_dot_in_the_last_group_fails(cpu_only):
     def wrap(x, y, dots):
         if dots is not None:
             dots[-1, -1, -1] += 1
@@ -303,7 +303,7 @@ def test_a_wrong_dot_in_the_last_group_fails():
 
 
 @pytest.mark.parametrize("path, m", [("gemv", 1), ("small_mma", 3)])
-def test_a_dots_claim_broken_in_the_last_dot_fails(path, m):
+def test_a_dots_claim_broken_in_the_last_dot_fails(path, m, cpu_only):
     """gemv and small_mma claim int_gemv's group dots: one dot off in the last row, output and
     group breaks the claim (and the exact dots)."""
     def wrap(x, y, dots):
@@ -314,7 +314,7 @@ def test_a_dots_claim_broken_in_the_last_dot_fails(path, m):
         f"{c.id}: {r.claim} {r.claim_held} {r.failed}; {repro('test_a_dots_claim_broken_in_the_last_dot_fails')}")
 
 
-def test_a_bytes_claim_tells_signed_zeros_apart(monkeypatch):
+def test_a_bytes_claim_tells_signed_zeros_apart(monkeypatch, cpu_only):
     """mmq_planes claims mmq's bytes: where mmq writes -0.0 and mmq_planes +0.0 the values are
     equal and the bytes are not, so the claim fails."""
     import importlib

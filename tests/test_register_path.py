@@ -40,7 +40,7 @@ def twin(register_path):
     return register_path(ENTRY, _twin(), **CLAIMS)
 
 
-def test_the_fixture_adds_and_removes_the_path(register_path):
+def test_the_fixture_adds_and_removes_the_path(register_path, cpu_only):
     from kernels import dispatch
     p = register_path(ENTRY, _twin(), **CLAIMS)
     assert registry.get("twin") is p and table.get("twin") is p and p.tol_reason == registry._OUT

@@ -46,20 +46,20 @@ def planted_t(monkeypatch):
     return plant
 
 
-def test_the_clean_run_passes():
+def test_the_clean_run_passes(cpu_only):
     t = "test_the_clean_run_passes"
     res = _run()
     assert res["ok"] and not res["failures"], ([c["failures"] for c in res["calls"]], repro(t))
 
 
-def test_the_threshold_is_two_sided_bonferroni_over_two_statistics_per_call_and_kind():
+def test_the_threshold_is_two_sided_bonferroni_over_two_statistics_per_call_and_kind(cpu_only):
     """3 calls of one kind: 2 * (3 + 1) = 8 tests, z = Phi^-1(1 - alpha / 16)."""
     t = "test_the_threshold_is_two_sided_bonferroni_over_two_statistics_per_call_and_kind"
     want = statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * 8))
     assert _run(3)["bias_threshold"] == pytest.approx(want), repro(t)
 
 
-def test_a_nan_bias_statistic_fails_its_call(planted_t):
+def test_a_nan_bias_statistic_fails_its_call(planted_t, cpu_only):
     t = "test_a_nan_bias_statistic_fails_its_call"
     planted_t((math.nan, 0.0))
     res = _run()
@@ -67,7 +67,7 @@ def test_a_nan_bias_statistic_fails_its_call(planted_t):
     assert verdicts.BIAS in res["calls"][0]["failed"], (res["calls"][0]["failures"], repro(t))
 
 
-def test_calls_each_under_the_threshold_can_be_biased_together(planted_t):
+def test_calls_each_under_the_threshold_can_be_biased_together(planted_t, cpu_only):
     """4 calls, each t = 0.9 z (under z): pooled Z = 4 * 0.9 z / sqrt(4) = 1.8 z, over it: the
     kind fails, so the run does, with no call failing on its own."""
     t = "test_calls_each_under_the_threshold_can_be_biased_together"
@@ -81,7 +81,7 @@ def test_calls_each_under_the_threshold_can_be_biased_together(planted_t):
     assert not res["ok"], repro(t)
 
 
-def test_a_side_that_ran_another_path_than_planned_fails():
+def test_a_side_that_ran_another_path_than_planned_fails(cpu_only):
     t = "test_a_side_that_ran_another_path_than_planned_fails"
     res = _run(planned={"a": ["int_gemv"], "b": ["small_mma"]})
     assert not res["ok"] and verdicts.TRACE in res["calls"][0]["failed"], (res["calls"][0]["failures"], repro(t))

@@ -121,7 +121,7 @@ def _verdicts_of_three(p, c, inp, y):
             golden.numerics(c, inp.x, inp.w, y) is not None)
 
 
-def test_a_looser_tolerance_in_the_library_passes_the_plant_in_check_replay_and_golden(monkeypatch):
+def test_a_looser_tolerance_in_the_library_passes_the_plant_in_check_replay_and_golden(monkeypatch, cpu_only):
     from pq2verify import numerics
     p, c, inp, y = _rms_plant()
     assert _verdicts_of_three(p, c, inp, y) == (True, True, True), f"reproduce: {HERE} -k looser_tolerance"
