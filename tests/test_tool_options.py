@@ -46,6 +46,7 @@ def _run(tool, argv):
     ("step_ab", ["--variants", '{"a": {"BOGUS": 1}}'], "variant 'a' at M=1: gemv: config field 'BOGUS' unknown"),
     ("step_ab", ["--variants", '{"a": {"UNROLL": 2}}', "--m", "4"], "not a multiple of UNROLL=2 (at N="),
     ("step_ab", ["--variants", '{"a": {}}', "--m", "17"], "argument --m: decode Ms are 1-16"),
+    ("step_ab", ["--variants", '{"a": {"SPLIT1": 3}}'], "variant 'a': SPLIT1=3: expected true or false"),
     ("step_ab", ["--variants", '{"a": {}}', "--shapes", "bogus"], "unknown shape ['bogus']"),
     ("step_ab", ["--variants", '{"a": {}}', "--rounds", "0"], "argument --rounds: expected an integer >= 1"),
 ])

@@ -64,6 +64,9 @@ def variant_errors(variants: dict, ms: list, shapes=((5120, 5120),)) -> list:
     one of the (N, K) shapes it will time (each kernel's config protocol checks it)."""
     bad = []
     for lab, fields in variants.items():
+        if type(fields.get("SPLIT1", False)) is not bool:
+            bad.append(f"variant {lab!r}: SPLIT1={fields['SPLIT1']!r}: expected true or false")
+            continue
         for m in ms:
             for n, k in shapes:   # the first shape that refuses it
                 try:
