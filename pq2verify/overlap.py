@@ -168,8 +168,7 @@ class Hold:
     def _key(copies) -> tuple:
         """What the producer's compiled specialization depends on: the copies' sizes (ints are
         specialized as 1 or multiples of 16) and their addresses' 16-byte alignment."""
-        return tuple((s.numel(), s.numel() % 16, s.data_ptr() % 16, d.data_ptr() % 16)
-                     for s, d in word_views(copies))
+        return tuple((s.numel(), s.data_ptr() % 16, d.data_ptr() % 16) for s, d in word_views(copies))
 
     def warm(self, copies) -> None:
         """Compile and load the producer's specialization for copies like these, with no hold and
@@ -178,9 +177,10 @@ class Hold:
         key = self._key(copies)
         if key in self._warm:
             return
-        scratch = [(s, torch.empty(d.numel() * d.element_size() // 4 + 4, dtype=torch.int32,
-                                   device=d.device)) for s, d in word_views(copies)]
-        scratch = [(s, t[(d.data_ptr() % 16) // 4:][: s.numel()]) for (s, t), (_, d) in zip(scratch, word_views(copies))]
+        scratch = []
+        for s, d in word_views(copies):     # int32 words; d's offset within 16 bytes kept
+            off = (d.data_ptr() % 16) // 4
+            scratch.append((s, torch.empty(d.numel() + off, dtype=torch.int32, device=d.device)[off:]))
         self._launch(scratch, torch.zeros(4, dtype=torch.int64, device=self.device), 0)
         torch.cuda.synchronize(self.device)
         self._warm.add(key)

@@ -686,10 +686,14 @@ def text_table(verdicts: list[Verdict]) -> str:
     return "\n".join(lines)
 
 
+def _grid(verdicts: list[Verdict]) -> tuple[list, list, dict]:
+    """(faults, paths, {(fault, path): verdict}) in first-seen order: the report's table."""
+    return (list(dict.fromkeys(v.fault for v in verdicts)), list(dict.fromkeys(v.path for v in verdicts)),
+            {(v.fault, v.path): v for v in verdicts})
+
+
 def markdown(verdicts: list[Verdict]) -> str:
-    faults = list(dict.fromkeys(v.fault for v in verdicts))
-    paths = list(dict.fromkeys(v.path for v in verdicts))
-    at = {(v.fault, v.path): v for v in verdicts}
+    faults, paths, at = _grid(verdicts)
     s = summary(verdicts)
     prov = provenance.collect()
     out = [f"# pq2verify selftest ({backend.name()})", "",
@@ -718,9 +722,7 @@ def html(verdicts: list[Verdict]) -> str:
     the fault x path table (a row with a fault not caught, a flagged control or an error is
     marked), the faults missed with their reproduce lines, and the known holes."""
     from .report import html as h
-    faults = list(dict.fromkeys(v.fault for v in verdicts))
-    paths = list(dict.fromkeys(v.path for v in verdicts))
-    at = {(v.fault, v.path): v for v in verdicts}
+    faults, paths, at = _grid(verdicts)
     s = summary(verdicts)
     tested = sum(v.status != "n/a" for v in verdicts)
     ok = s["ok"] and tested > 0

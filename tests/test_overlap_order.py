@@ -72,3 +72,20 @@ def test_arm_loads_the_producer_for_new_copies_before_its_gate(monkeypatch):
     log.clear()
     h.arm([(torch.arange(48, dtype=torch.int32), torch.zeros(48, dtype=torch.int32))])
     assert [e[0] for e in log][:2] == ["producer", "synchronize"], "another size is another specialization" + where
+
+
+def test_the_warm_up_keeps_each_destination_s_alignment(monkeypatch):
+    """Triton specializes pointers on 16-byte alignment: a scratch destination aligned
+    otherwise would compile another binary, and the real one would still load inside the gate."""
+    log = []
+    h = _hold(monkeypatch, log)
+    base = torch.zeros(80, dtype=torch.int32)
+    for off in (0, 1, 2, 3):
+        dst = base[off:off + 64]
+        log.clear()
+        h.arm([(torch.arange(64, dtype=torch.int32), dst)])
+        warm = log[0][1]         # (src, dst, n, dummy...) of the warm-up
+        assert log[0][0] == "producer" and _hold_ns(log[0]) == 0, f"offset {off}: {log}"
+        assert warm[1].data_ptr() % 16 == dst.data_ptr() % 16 and warm[1].data_ptr() != dst.data_ptr(), (
+            f"offset {off} words: scratch at {warm[1].data_ptr() % 16} mod 16, destination at "
+            f"{dst.data_ptr() % 16}\n  reproduce: .venv/bin/python -m pytest -q '{HERE}'")
