@@ -13,7 +13,7 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "profile" / "gsm8k_pro
 
 def test_profile_tool_prints_wall_phases_and_profile(tiny_model, tmp_path, device):  # noqa: F811
     if device == "cuda":
-        pytest.skip("runs the tool with --device cpu; the lead runs it on the GPU")
+        pytest.skip("runs the tool with --device cpu; on a GPU run it by hand with --device cuda")
     out = subprocess.run([sys.executable, str(TOOL), "--device", "cpu", "--limit", "2", "--top", "5",
                           "--out", str(tmp_path), "--model", str(tiny_model), "--digits", "2",
                           "--max-new-tokens", "3", "--batch-size", "2", "--threads", "1"],
