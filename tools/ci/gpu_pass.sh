@@ -94,7 +94,7 @@ for spec in "$@"; do
         benchfull) pq2 bench --a legacy --b tuned --json "$R/bench.json" --report "$R/bench.md" ;;   # as the workflow runs it
         bench) pq2 bench --a legacy --b tuned --quick \
                     --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
-        *) echo "unknown stage $stage" ;;
+        *) echo "unknown stage $stage"; false ;;   # a misspelt stage is a failed stage, not a pass
     esac >"$R/$stage.log" 2>&1
     rc=$?
     echo "$stage rc=$rc $(( $(date +%s) - t0 )) s" >>"$R/stages.txt"
