@@ -372,6 +372,43 @@ def test_chain_fp64_is_the_model_mlp_in_fp64(mlp_capture, device):
         assert torch.equal(chain.down_input(chain.activation(y1, INTER), ch, w2.shape[1]), xd)
 
 
+def test_a_sides_chains_are_judged_once_and_as_each_chain_alone(mlp_capture, device, monkeypatch):
+    """A's chain rows are the same for every B variant of a replay: chain.evaluate judges them once
+    (judged again per variant they were most of a variant's time), and each side's down
+    references, built together, judge every chain as that chain's own references would."""
+    from pq2verify import chain
+    from pq2verify.gsm8k.runs import parse_spec
+    _, calls, weights = replay.load(mlp_capture, device, _mlp_runner(device), ms=(1,))
+    chs = chain.chains_of(calls, weights, DIGITS)
+    crefs = chain.Refs(chs, weights, replay.References(calls, weights))
+    outs_a = chain.run_side(parse_spec("legacy"), chs, weights)
+    outs_b = chain.run_side(parse_spec(FLOATING_B), chs, weights)
+    seen = []
+    real = chain.side_eval
+    monkeypatch.setattr(chain, "side_eval", lambda ch, s, *a: seen.append(s) or real(ch, s, *a))
+    first = chain.evaluate(chs, crefs, outs_a, outs_b)
+    again = chain.evaluate(chs, crefs, outs_a, outs_b)
+    ids_a, ids_b = {id(o) for o in outs_a}, {id(o) for o in outs_b}
+    assert sum(id(s) in ids_a for s in seen) == len(chs) and sum(id(s) in ids_b for s in seen) == 2 * len(chs)
+    assert first == again
+    again["chains"][0]["a"]["failures"].append("x")        # a report's rows are its own
+    assert chain.evaluate(chs, crefs, outs_a, outs_b)["chains"][0]["a"]["failures"] == []
+    monkeypatch.setattr(chain, "side_eval", real)
+    z, zb = first["threshold"], first["bias_threshold"]
+    for ch, a, b, row in zip(chs, outs_a, outs_b, first["chains"]):
+        for side, s in (("a", a), ("b", b)):
+            c2 = replay.Call(f"{ch.down}<-{ch.call.key}", ch.down, chain.DOWN, ch.call.position, s.x2,
+                             ch.call.distinct)
+            alone = real(ch, s, crefs.fp64[ch.call.key], crefs.w_fold(ch), crefs.refs, c2,
+                         replay.References([c2], {ch.down: weights[ch.down]}), z, zb)
+            got = row[side]
+            assert {k: v for k, v in got.items() if not isinstance(v, float)} == \
+                {k: v for k, v in alone.items() if not isinstance(v, float)}
+            for k, v in alone.items():
+                if isinstance(v, float):
+                    assert got[k] == pytest.approx(v, rel=1e-12, abs=1e-300), k
+
+
 def test_chains_legacy_vs_tuned_pass_with_their_table(mlp_capture, tmp_path, device, capsys):
     j, md = tmp_path / "c.json", tmp_path / "c.md"
     assert _replay(device, mlp_capture, "--m", "1", "--json", str(j), "--markdown", str(md)) == 0, \
