@@ -19,6 +19,9 @@ BLOCK = 128          # weights per block
 BLOCK_BYTES = 34     # 2 scale bytes + 32 code bytes
 CODE_BYTES = 32
 _SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
+# a byte's four codes as one 4-byte word: one gather per byte (4x faster than four shifts, and
+# the FP64 references unpack every weight several times); the view keeps memory order
+_WORDS = ((np.arange(256, dtype=np.uint8)[:, None] >> _SHIFTS) & 3).astype(np.uint8).view(np.uint32).ravel()
 
 
 class PQ2FormatError(ValueError):
@@ -34,7 +37,7 @@ __all__ = ["BLOCK", "BLOCK_BYTES", "PQ2FormatError", "encode", "decode", "read",
 def unpack_codes(code_bytes: np.ndarray) -> np.ndarray:
     """uint8 [..., K/4] code bytes -> uint8 [..., K] codes 0..3; code 4*j + s = (byte[j] >> 2s) & 3."""
     cb = np.asarray(code_bytes, dtype=np.uint8)
-    return ((cb[..., None] >> _SHIFTS) & 3).reshape(*cb.shape[:-1], cb.shape[-1] * 4)
+    return _WORDS[cb].view(np.uint8).reshape(*cb.shape[:-1], cb.shape[-1] * 4)
 
 
 def pack_codes(codes: np.ndarray) -> np.ndarray:

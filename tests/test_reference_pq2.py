@@ -93,6 +93,20 @@ def test_pack_unpack_all_bytes():
     assert codes[0, 4 * 0b11100100:4 * 0b11100100 + 4].tolist() == [0, 1, 2, 3]
 
 
+def test_unpack_follows_the_format_for_every_byte_and_any_layout():
+    # SPEC: code 4*j + s is (byte[j] >> 2s) & 3, written out per byte with Python ints
+    want = [[(b >> 2 * s) & 3 for s in range(4)] for b in range(256)]
+    every = np.arange(256, dtype=np.uint8)
+    assert pq2.unpack_codes(every).reshape(256, 4).tolist() == want
+    # a strided view and a leading batch axis read the bytes where they are
+    grid = np.random.default_rng(3).integers(0, 256, (2, 5, 12), dtype=np.uint8)
+    view = grid[:, ::2, 1::3]
+    got = pq2.unpack_codes(view)
+    assert got.shape == (2, 3, 16)
+    assert all(got[a, r, 4 * j + s] == want[view[a, r, j]][s]
+               for a in range(2) for r in range(3) for j in range(4) for s in range(4))
+
+
 @SETTINGS
 @given(codes_scales())
 def test_agrees_with_weight_object(cs):
