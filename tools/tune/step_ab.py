@@ -9,20 +9,29 @@ M = 2..16), timed in one process, in alternating rounds, as CUDA graphs:
   gap to a pure read with the same launch structure is measured in the same rounds.
 
 Each variant's outputs are compared with the first variant's bit for bit (a variant that only
-changes scheduling, e.g. num_stages, must give the same bits). Ratios are per round, against
-the first variant: median [min-max]. Writes JSON as it goes.
+changes scheduling, e.g. num_stages, must give the same bits), and each row lists the variants
+whose bits it equals. Ratios are per round, against the first variant: median [min-max].
+Writes JSON as it goes.
+
+Tool fields (no kernel's): "SPLIT1": true runs every shape unsplit; "PATH": "mmq_wgmma" times
+that kernel at decode M instead of the chooser's path (the structure issue 27 asks about:
+weights on the MMA's M side, tokens on its N side). Its rule allows token tiles BM of 64-128
+(the prefill tiles it serves); here BM may be 8-128 (warpgroup MMA takes N = 8..256), in this
+process only, so a narrow token tile can be timed before the path is changed.
 
     python tools/tune/step_ab.py $OUT/ab.json --m 1,2,16 --shapes gate_up,out --sol \
         --variants '{"chooser": {}, "stages4": {"num_stages": 4}}'
 """
 import argparse
+import contextlib
 import json
 import statistics
 import time
 
 import torch
 
-from kernels import gemv, small_mma
+from kernels import config as tiles
+from kernels import gemv, mmq_wgmma, small_mma
 from pq2verify import inputs
 from pq2verify.bench import plan
 from pq2verify.bench.contestants import scaled_clone, weight_bytes
@@ -34,6 +43,25 @@ from pq2verify.cli import positive_int, positive_ints
 
 def path_of(m):
     return gemv if m == 1 else small_mma
+
+
+PATHS = {"gemv": gemv, "small_mma": small_mma, "mmq_wgmma": mmq_wgmma}
+
+
+def module_of(m, fields: dict):
+    """The kernel module a variant times at M: its PATH, else the chooser's decode path."""
+    return PATHS[fields["PATH"]] if "PATH" in fields else path_of(m)
+
+
+@contextlib.contextmanager
+def narrow_token_tiles():
+    """mmq_wgmma's BM rule widened to 8-128 while the tool runs (module docstring)."""
+    rule = mmq_wgmma.FIELDS
+    mmq_wgmma.FIELDS = {**rule, "BM": tiles.pow2(8, 128)}
+    try:
+        yield
+    finally:
+        mmq_wgmma.FIELDS = rule
 
 
 def variants_arg(text: str) -> dict:
@@ -50,8 +78,9 @@ def variants_arg(text: str) -> dict:
 def variant_config(n, k, m, fields: dict) -> dict:
     """The chooser's config at (N, K, M) with a variant's fields over it. "SPLIT1": true (this
     tool's field, not a kernel's) runs every shape unsplit."""
-    mod = path_of(m)
+    mod = module_of(m, fields)
     fields = dict(fields)
+    fields.pop("PATH", None)
     unsplit = fields.pop("SPLIT1", False)
     cfg = {**mod.config(n, k, m, interpret=False), **fields}
     if unsplit:
@@ -67,10 +96,16 @@ def variant_errors(variants: dict, ms: list, shapes=((5120, 5120),)) -> list:
         if type(fields.get("SPLIT1", False)) is not bool:
             bad.append(f"variant {lab!r}: SPLIT1={fields['SPLIT1']!r}: expected true or false")
             continue
+        if "PATH" in fields and fields["PATH"] not in PATHS:
+            bad.append(f"variant {lab!r}: PATH={fields['PATH']!r}: expected one of {', '.join(sorted(PATHS))}")
+            continue
+        if fields.get("SPLIT1") and module_of(1, fields) is mmq_wgmma:
+            bad.append(f"variant {lab!r}: SPLIT1 with PATH mmq_wgmma: it never splits")
+            continue
         for m in ms:
             for n, k in shapes:   # the first shape that refuses it
                 try:
-                    path_of(m).fold(n, k, m, interpret=False, config=variant_config(n, k, m, fields))
+                    module_of(m, fields).fold(n, k, m, interpret=False, config=variant_config(n, k, m, fields))
                 except ValueError as e:
                     bad.append(f"variant {lab!r} at M={m}: {e} (at N={n} K={k})")
                     break
@@ -78,7 +113,7 @@ def variant_errors(variants: dict, ms: list, shapes=((5120, 5120),)) -> list:
 
 
 def call(x, w, out, m, fields):
-    mod = path_of(m)
+    mod = module_of(m, fields)
     cfg = variant_config(w.n, w.k, m, fields)
     return lambda: mod.run(x, w, out=out, check=False, config=cfg)
 
@@ -114,11 +149,15 @@ def report(s: dict, outs: dict, first: str, nbytes: int, bw: float, what: str, u
     for lab in s:
         s[lab]["bits_equal_first"] = (bool(torch.equal(outs[lab].view(torch.int16), outs[first].view(torch.int16)))
                                       if lab in outs else None)
+        s[lab]["bits_equal"] = ([o for o in outs if o != lab and torch.equal(outs[lab].view(torch.int16),
+                                                                             outs[o].view(torch.int16))]
+                                if lab in outs else None)
         s[lab]["gbs"] = nbytes / s[lab]["median_s"] / 1e9
         s[lab]["floor_frac"] = nbytes / s[lab]["median_s"] / bw
         print(line(what, lab, s[lab], unit, scale,
                    f"{s[lab]['gbs']:6.0f} GB/s {s[lab]['floor_frac']:6.1%} of floor (floor {nbytes / bw * scale:.3f} {unit}) "
-                   f"=first {s[lab]['bits_equal_first']} [{time.time() - t0:.0f}s]"), flush=True)
+                   f"=first {s[lab]['bits_equal_first']} ={','.join(s[lab]['bits_equal'] or ()) or '-'} "
+                   f"[{time.time() - t0:.0f}s]"), flush=True)
 
 
 def time_shape(name, sh, ms, makers: dict, *, rounds: int, reps: int, sol: bool, bw: float, t0: float) -> dict:
@@ -134,8 +173,15 @@ def time_shape(name, sh, ms, makers: dict, *, rounds: int, reps: int, sol: bool,
         for lab, make in makers.items():
             o = [torch.empty(m, sh.n, dtype=x.dtype, device="cuda") for _ in ws]
             keep.append(o)      # a graph writes these on every replay: alive while it is
-            graphs[lab] = capture([make(x, w, oo, m) for w, oo in zip(ws, o)])
+            try:
+                graphs[lab] = capture([make(x, w, oo, m) for w, oo in zip(ws, o)])
+            except Exception as e:   # a variant that cannot run is reported; the others are timed
+                print(f"{name} M={m} {lab}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                res[f"{name} M={m} {lab} failed"] = f"{type(e).__name__}: {e}"
+                continue
             outs[lab] = o[0]
+        if not outs:
+            continue
         if sol:
             for lab, pdl in (("SOL read", False), ("SOL read+PDL", True)):
                 graphs[lab] = capture([read_call(weight_bytes(w), pdl)[0] for w in ws])
@@ -161,6 +207,11 @@ def main():
     ap.add_argument("--sol", action="store_true",
                     help="per shape, also the bench's speed-of-light reads of the same bytes (plain and PDL)")
     args = ap.parse_args()
+    with narrow_token_tiles():
+        run(ap, args)
+
+
+def run(ap, args):
     if any(m > 16 for m in args.m):
         ap.error(f"argument --m: decode Ms are 1-16, got {args.m}")
     if args.no_step and not args.shapes:
@@ -205,8 +256,15 @@ def main():
                 th.append(call(prev.reshape(-1)[:m * w.k].view(m, w.k), w, o, m, fields))
                 prev = o
             keep.append(th)     # the thunks hold the graph's inputs and outputs alive
-            graphs[lab] = capture(th)
+            try:
+                graphs[lab] = capture(th)
+            except Exception as e:
+                print(f"step M={m} {lab}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                res.setdefault("failed", {})[f"step M={m} {lab}"] = f"{type(e).__name__}: {e}"
+                continue
             last[lab] = prev
+        if not last:
+            continue
         first = next(iter(last))
         s = summary(alternate(graphs, args.rounds, 5))
         for lab in s:
