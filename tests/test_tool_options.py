@@ -48,8 +48,8 @@ def _run(tool, argv):
     ("step_ab", ["--variants", '{"a": {}}', "--m", "17"], "argument --m: decode Ms are 1-16"),
     ("step_ab", ["--variants", '{"a": {"SPLIT1": 3}}'], "variant 'a': SPLIT1=3: expected true or false"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq"}}'], "variant 'a': PATH='mmq': expected one of gemv, mmq_wgmma"),
-    ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 4}}'], "mmq_wgmma: config field BM=4"),
-    ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 24}}'], "BM=24"),
+    ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 16}}'], "mmq_wgmma: config field BM=16"),
+    ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 48}}'], "BM=48"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "SPLIT1": true}}'], "SPLIT1 with PATH mmq_wgmma"),
     ("step_ab", ["--variants", '{"a": {}}', "--shapes", "bogus"], "unknown shape ['bogus']"),
     ("step_ab", ["--variants", '{"a": {}}', "--rounds", "0"], "argument --rounds: expected an integer >= 1"),
@@ -63,11 +63,11 @@ def test_refuses_impossible_options(tool, argv, msg, monkeypatch, capsys):
 
 
 def test_step_ab_widens_mmq_wgmma_token_tiles_only_while_it_runs():
-    # the tool times BM 8-128; the path's own rule (its prefill tiles) is back once it returns
+    # the tool times BM 32-128; the path's own rule (its prefill tiles) is back once it returns
     from kernels import mmq_wgmma
     rule = mmq_wgmma.FIELDS
     with pytest.raises(SystemExit):
-        _run("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 4}}'])
+        _run("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 16}}'])
     assert mmq_wgmma.FIELDS is rule
-    with pytest.raises(ValueError, match="BM=16"):
-        mmq_wgmma.fold(5120, 5120, 16, interpret=False, config={"BM": 16})
+    with pytest.raises(ValueError, match="BM=32"):
+        mmq_wgmma.fold(5120, 5120, 16, interpret=False, config={"BM": 32})

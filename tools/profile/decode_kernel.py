@@ -5,7 +5,7 @@ prepared; the activations are seeded.
     ncu --kernel-name regex:_wgmma_kernel --launch-skip 5 --launch-count 1 --section SchedulerStats \
         --section WarpStateStats python tools/profile/decode_kernel.py mmq_wgmma lm_head 16 '{"BM": 32}'
 
-mmq_wgmma takes BM 8-128 here (tools/tune/step_ab.py: its rule allows the prefill tiles only).
+mmq_wgmma takes BM 32-128 here (tools/tune/step_ab.py: its rule allows the prefill tiles only).
 """
 import argparse
 import json

@@ -16,8 +16,10 @@ Writes JSON as it goes.
 Tool fields (no kernel's): "SPLIT1": true runs every shape unsplit; "PATH": "mmq_wgmma" times
 that kernel at decode M instead of the chooser's path (the structure issue 27 asks about:
 weights on the MMA's M side, tokens on its N side). Its rule allows token tiles BM of 64-128
-(the prefill tiles it serves); here BM may be 8-128 (warpgroup MMA takes N = 8..256), in this
-process only, so a narrow token tile can be timed before the path is changed.
+(the prefill tiles it serves); here BM may be 32-128, in this process only, so a narrower token
+tile can be timed before the path is changed. Warpgroup MMA takes N down to 8, but BM 8 and 16
+stopped the first launch with a misaligned address on the H200
+(results/2026-12-02-decode-wgmma-structure/), so they are refused.
 
     python tools/tune/step_ab.py $OUT/ab.json --m 1,2,16 --shapes gate_up,out --sol \
         --variants '{"chooser": {}, "stages4": {"num_stages": 4}}'
@@ -55,9 +57,9 @@ def module_of(m, fields: dict):
 
 @contextlib.contextmanager
 def narrow_token_tiles():
-    """mmq_wgmma's BM rule widened to 8-128 while the tool runs (module docstring)."""
+    """mmq_wgmma's BM rule widened to 32-128 while the tool runs (module docstring)."""
     rule = mmq_wgmma.FIELDS
-    mmq_wgmma.FIELDS = {**rule, "BM": tiles.pow2(8, 128)}
+    mmq_wgmma.FIELDS = {**rule, "BM": tiles.pow2(32, 128)}
     try:
         yield
     finally:
