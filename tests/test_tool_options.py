@@ -1,6 +1,6 @@
-"""The GPU tuning scripts (tools/tune/) and the sm_90 compile (python -m pq2verify.sm90) refuse
-impossible options with exit 2 and a message naming the option, before any GPU or compile work
-(run here on the CPU)."""
+"""The GPU tuning scripts (tools/tune/, tools/profile/decode_kernel.py) and the sm_90 compile
+(python -m pq2verify.sm90) refuse impossible options with exit 2 and a message naming the
+option, before any GPU or compile work (run here on the CPU)."""
 import runpy
 import sys
 from pathlib import Path
@@ -17,7 +17,8 @@ def _run(tool, argv):
         from pq2verify.sm90 import cli
         return cli.main(argv)
     sys.argv = [f"{tool}.py", *argv]
-    runpy.run_path(str(TUNE / f"{tool}.py"), run_name="__main__")
+    where = TUNE.parent / "profile" if tool == "decode_kernel" else TUNE
+    runpy.run_path(str(where / f"{tool}.py"), run_name="__main__")
 
 
 @pytest.mark.parametrize("tool,argv,msg", [
@@ -47,6 +48,15 @@ def _run(tool, argv):
     ("step_ab", ["--variants", '{"a": {"UNROLL": 2}}', "--m", "4"], "not a multiple of UNROLL=2 (at N="),
     ("step_ab", ["--variants", '{"a": {}}', "--m", "17"], "argument --m: decode Ms are 1-16"),
     ("step_ab", ["--variants", '{"a": {"SPLIT1": 3}}'], "variant 'a': SPLIT1=3: expected true or false"),
+    ("decode_kernel", ["cublas", "out", "1"], "argument path: invalid choice: 'cublas'"),
+    ("decode_kernel", ["gemv", "out", "0"], "argument m: expected an integer >= 1"),
+    ("decode_kernel", ["gemv", "out", "2"], "argument m: gemv runs M 1-1 here, got 2"),
+    ("decode_kernel", ["small_mma", "out", "17"], "argument m: small_mma runs M 1-16 here, got 17"),
+    ("decode_kernel", ["small_mma", "in_proj_ba", "4"], "argument shape: expected one of"),
+    ("decode_kernel", ["small_mma", "out", "4", "[1]"], "argument config: expected a JSON object"),
+    ("decode_kernel", ["small_mma", "out", "4", '{"BOGUS": 1}'], "argument config: small_mma: config field 'BOGUS'"),
+    ("decode_kernel", ["mmq_wgmma", "out", "4", '{"BM": 16}'], "argument config: mmq_wgmma: config field BM=16"),
+    ("decode_kernel", ["gemv", "out", "1", "--calls", "0"], "argument --calls: expected an integer >= 1"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq"}}'], "variant 'a': PATH='mmq': expected one of gemv, mmq_wgmma"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 16}}'], "mmq_wgmma: config field BM=16"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 48}}'], "BM=48"),
