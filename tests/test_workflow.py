@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from pq2verify import cases, check_cli, checks
+from pq2verify import cases, checks, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu.yml"
 DRIVER = ROOT / "tools" / "ci" / "gpu_pass.sh"
 
 
-def test_the_check_stage_runs_test_paths_cases_with_its_checks(monkeypatch):
+def test_the_check_stage_runs_test_paths_cases_with_its_checks(monkeypatch, capsys, device):
     # test_paths.py on a GPU: checks.cases("bonsai27b"), every check on every case ("fold" only
     # on the CPU); `check` on the H200: the sm90 key's default selection
     suite = checks.cases("bonsai27b")
@@ -26,23 +26,17 @@ def test_the_check_stage_runs_test_paths_cases_with_its_checks(monkeypatch):
     assert suite and [c.id for c in table] == [c.id for c in suite]
     import tests.test_paths as tp
     gpu_checks = set(tp.CHECKS) - {"fold"}
-    # what check's per-case call asks evaluate for, caught by a stand-in checks module
-    seen = {}
-
-    class Stub:
-        Inputs = staticmethod(lambda c, dev: "inputs")
-        Result = checks.Result
-
-        @staticmethod
-        def evaluate(c, dev, **kw):
-            seen.update(kw)
-            return checks.Result(c)
-
-    check_cli._one(Stub, suite[0], "cuda", check_cli.RERUNS)
+    # what the check command, with its default options, asks evaluate for on a case (stand-ins
+    # for the inputs and the evaluation: no kernel runs)
     default = inspect.signature(checks.evaluate).parameters
-    asked = set(seen.get("checks", default["checks"].default))
+    seen = []
+    monkeypatch.setattr(checks, "Inputs", lambda c, dev: "inputs")
+    monkeypatch.setattr(checks, "evaluate", lambda c, dev, **kw: seen.append(kw) or checks.Result(c))
+    assert cli.main(["--device", device, "check", "--case", suite[0].id, "--skip-selfcheck"]) == 0
+    assert len(seen) == 1
+    asked = set(seen[0].get("checks", default["checks"].default))
     assert gpu_checks <= asked, f"check leaves out {gpu_checks - asked}, which test_paths.py judges on a GPU"
-    assert seen["reruns"] >= default["reruns"].default
+    assert seen[0].get("reruns", default["reruns"].default) >= default["reruns"].default
 
 
 def _workflow_runs() -> list[str]:
