@@ -17,7 +17,7 @@ def _run(tool, argv):
         from pq2verify.sm90 import cli
         return cli.main(argv)
     sys.argv = [f"{tool}.py", *argv]
-    where = TUNE.parent / "profile" if tool == "decode_kernel" else TUNE
+    where = TUNE.parent / "profile" if tool in ("decode_kernel", "decode_boundary") else TUNE
     runpy.run_path(str(where / f"{tool}.py"), run_name="__main__")
 
 
@@ -63,6 +63,10 @@ def _run(tool, argv):
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "SPLIT1": true}}'], "SPLIT1 with PATH mmq_wgmma"),
     ("step_ab", ["--variants", '{"a": {}}', "--shapes", "bogus"], "unknown shape ['bogus']"),
     ("step_ab", ["--variants", '{"a": {}}', "--rounds", "0"], "argument --rounds: expected an integer >= 1"),
+    ("decode_boundary", ["b.json"], "the following arguments are required: --shapes"),
+    ("decode_boundary", ["b.json", "--shapes", "gate_up,bogus"], "unknown shape ['bogus']"),
+    ("decode_boundary", ["b.json", "--shapes", "in_proj_ba"], "unknown shape ['in_proj_ba']"),
+    ("decode_boundary", ["b.json", "--shapes", "out", "--reps", "0"], "argument --reps: expected an integer >= 1"),
 ])
 def test_refuses_impossible_options(tool, argv, msg, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", list(sys.argv))     # _run sets it; restored after
@@ -70,6 +74,16 @@ def test_refuses_impossible_options(tool, argv, msg, monkeypatch, capsys):
         _run(tool, argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and msg in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is visible: the tool would time on it")
+def test_decode_boundary_refuses_to_run_without_a_gpu(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    dest = tmp_path / "b.json"
+    with pytest.raises(SystemExit) as e:
+        _run("decode_boundary", [str(dest), "--shapes", "out"])
+    assert e.value.code == 2 and "none is visible" in capsys.readouterr().err
+    assert not dest.exists()
 
 
 def test_step_ab_widens_mmq_wgmma_token_tiles_only_while_it_runs():

@@ -1,0 +1,107 @@
+"""Where gemv's M = 1 call time goes (a measurement aid, not a gate): per shape, on rotated
+weight copies as CUDA graphs in alternating rounds, in one process:
+
+- gemv: the path as the step calls it, the quantize kernel then the GEMV kernel (PDL-chained);
+- gemv_kernel: the GEMV kernel alone, PDL-chained to itself, on activations quantized once
+  before the capture (its split-K counters zeroed once: the kernel puts them back to 0);
+- quantize: the quantize kernel alone, PDL-chained to itself;
+- the bench's speed-of-light reads of the same bytes: plain, PDL with one chunk before the wait,
+  and PDL with every chunk before it (pq2verify.bench.sol).
+
+gemv - gemv_kernel is what the quantize kernel and its boundary cost a call; gemv_kernel - the
+PDL read is the GEMV kernel's own start, body and end beyond a pure read of its bytes.
+
+    python tools/profile/decode_boundary.py $OUT/boundary.json --shapes gate_up,down,out
+"""
+import argparse
+import json
+import runpy
+import time
+from pathlib import Path
+
+import torch
+
+from kernels import gemv, prepare
+from pq2verify import inputs
+from pq2verify.bench import plan
+from pq2verify.bench.contestants import weight_bytes
+from pq2verify.bench.sol import ITERS, read_call
+from pq2verify.bench.sweep import capture, clocks, pq2_shape_names, rotated_weights, stream_bw
+from pq2verify.cli import positive_int
+
+# step_ab's alternating rounds and their summary (a script beside this one, not a package)
+_AB = runpy.run_path(str(Path(__file__).resolve().parents[1] / "tune" / "step_ab.py"))
+alternate, summary = _AB["alternate"], _AB["summary"]
+
+
+def thunks(x, ws, outs):
+    """{label: [thunk per weight copy]} of the parts to time (module docstring)."""
+    n, k = ws[0].n, ws[0].k
+    cfg = gemv.config(n, k, 1)
+    split = cfg["SPLIT"]
+    tiles = -(-n // cfg["BN"])
+    count = torch.zeros(tiles, dtype=torch.int32, device=x.device) if split > 1 else None
+    q, xs, t = prepare.quantize_q8(x, order="plane", pdl=True, zero=count)
+    torch.cuda.synchronize()
+    return {
+        "gemv": [lambda w=w, o=o: gemv.run(x, w, out=o, check=False) for w, o in zip(ws, outs)],
+        "gemv_kernel": [lambda w=w, o=o: gemv.launch(q, xs, t, w, o, cfg, pdl=True, count=count)
+                        for w, o in zip(ws, outs)],
+        "quantize": [lambda: prepare.quantize_q8(x, order="plane", pdl=True) for _ in ws],
+        "SOL read": [read_call(weight_bytes(w), False)[0] for w in ws],
+        "SOL read+PDL": [read_call(weight_bytes(w), True)[0] for w in ws],
+        "SOL read+PDL, all before wait": [read_call(weight_bytes(w), True, ITERS)[0] for w in ws],
+    }, count
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dest")
+    ap.add_argument("--shapes", type=pq2_shape_names, required=True)
+    ap.add_argument("--rounds", type=positive_int, default=5)
+    ap.add_argument("--reps", type=positive_int, default=10)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("this tool times kernels on a GPU; none is visible")
+    shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
+    t0 = time.time()
+    bw = stream_bw()
+    res = {"bw": bw, "clocks_start": clocks(), "shapes": {}}
+    print(f"streaming read {bw / 1e12:.3f} TB/s; clocks {res['clocks_start']}", flush=True)
+    for name in args.shapes:
+        sh = shapes[name]
+        ws, nbytes = rotated_weights(sh.n, sh.k)
+        x = inputs.activations(1, sh.k, seed=1, device="cuda")
+        outs = [torch.empty(1, sh.n, dtype=x.dtype, device="cuda") for _ in ws]
+        parts, count = thunks(x, ws, outs)
+        graphs = {lab: capture(th) for lab, th in parts.items()}
+        s = summary(alternate(graphs, args.rounds, args.reps, len(ws)))
+        # the GEMV kernel alone on the same activations must give the path's bits
+        gemv.run(x, ws[0], out=outs[0], check=False)
+        ref = outs[0].clone()
+        graphs["gemv_kernel"].graph.replay()
+        torch.cuda.synchronize()
+        same = bool(torch.equal(outs[0].view(torch.int16), ref.view(torch.int16)))
+        floor = nbytes / bw
+        for lab, row in s.items():
+            row["floor_frac"] = floor / row["median_s"]
+            print(f"{name:8s} {lab:30s} {row['median_s'] * 1e6:8.3f} us [{row['min_s'] * 1e6:.3f}-"
+                  f"{row['max_s'] * 1e6:.3f}]  {row['floor_frac']:6.1%} of floor ({floor * 1e6:.3f} us)", flush=True)
+        print(f"{name:8s} gemv_kernel's bits equal gemv's: {same}; "
+              f"quantize + boundary a call: {(s['gemv']['median_s'] - s['gemv_kernel']['median_s']) * 1e6:.3f} us; "
+              f"GEMV kernel beyond the PDL read: "
+              f"{(s['gemv_kernel']['median_s'] - s['SOL read+PDL']['median_s']) * 1e6:.3f} us "
+              f"[{time.time() - t0:.0f}s]", flush=True)
+        res["shapes"][name] = {"rows": s, "bits_equal": same, "floor_s": floor, "config": gemv.config(sh.n, sh.k, 1)}
+        with open(args.dest, "w") as f:
+            json.dump(res, f, indent=1)
+        del graphs, parts, ws, outs, count
+        torch.cuda.empty_cache()
+    res["clocks_end"] = clocks()
+    with open(args.dest, "w") as f:
+        json.dump(res, f, indent=1)
+    print("clocks", res["clocks_start"], "->", res["clocks_end"])
+
+
+if __name__ == "__main__":
+    main()
