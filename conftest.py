@@ -28,6 +28,22 @@ def _share_cores(config) -> None:
         os.environ.setdefault(var, str(max(1, (os.cpu_count() or 1) // n)))
 
 
+def worker_memory_fraction(workers: int, devices: int, share: float) -> float | None:
+    """The fraction of its GPU's memory one of `workers` pytest-xdist workers may hold when they
+    share `devices` GPUs round robin and the whole run may use `share` of each: None when a
+    worker has its GPU alone. Without a cap each worker's caching allocator keeps what its
+    largest case freed, and whether a case finds memory then depends on which cases the other
+    workers ran before (69 lm_head cases ran out of memory under -n 12 in one order and passed
+    in another). Under the cap a worker's cache is given back before it would exceed its share,
+    so a case either fits its share in every order or fails in every order."""
+    per_gpu = -(-workers // max(1, devices))
+    if per_gpu <= 1:
+        return None
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"PQ2_TEST_GPU_SHARE={share}: expected a fraction in (0, 1]")
+    return share / per_gpu
+
+
 def pytest_configure(config):
     from kernels import backend
     _share_cores(config)
@@ -41,6 +57,13 @@ def pytest_configure(config):
         # one GPU per worker, round robin; every test allocates on the current device
         import torch
         torch.cuda.set_device(int(worker.removeprefix("gw")) % torch.cuda.device_count())
+        # the rest of each GPU's memory is left to CUDA contexts (about 0.5 GB a process) and to
+        # whatever runs beside the suite
+        frac = worker_memory_fraction(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+                                      torch.cuda.device_count(),
+                                      float(os.environ.get("PQ2_TEST_GPU_SHARE", "0.9")))
+        if frac is not None:
+            torch.cuda.set_per_process_memory_fraction(frac)
 
 
 def pytest_collection_modifyitems(config, items):
