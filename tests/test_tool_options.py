@@ -64,6 +64,8 @@ def _run(tool, argv):
     ("step_ab", ["--variants", '{"a": {}}', "--shapes", "bogus"], "unknown shape ['bogus']"),
     ("step_ab", ["--variants", '{"a": {}}', "--rounds", "0"], "argument --rounds: expected an integer >= 1"),
     ("decode_boundary", ["b.json"], "the following arguments are required: --shapes"),
+    ("decode_boundary", [".", "--shapes", "out"], "argument dest: '.' is a folder"),
+    ("decode_boundary", ["no/such/dir/b.json", "--shapes", "out"], "in no existing folder"),
     ("decode_boundary", ["b.json", "--shapes", "gate_up,bogus"], "unknown shape ['bogus']"),
     ("decode_boundary", ["b.json", "--shapes", "in_proj_ba"], "unknown shape ['in_proj_ba']"),
     ("decode_boundary", ["b.json", "--shapes", "out", "--reps", "0"], "argument --reps: expected an integer >= 1"),

@@ -61,6 +61,9 @@ def main():
     ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--reps", type=positive_int, default=10)
     args = ap.parse_args()
+    dest = Path(args.dest)
+    if dest.is_dir() or not dest.parent.is_dir():
+        ap.error(f"argument dest: {args.dest!r} is a folder or in no existing folder; expected a JSON file path")
     if not torch.cuda.is_available():
         ap.error("this tool times kernels on a GPU; none is visible")
     shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
@@ -79,6 +82,7 @@ def main():
         # the GEMV kernel alone on the same activations must give the path's bits
         gemv.run(x, ws[0], out=outs[0], check=False)
         ref = outs[0].clone()
+        outs[0].fill_(float("nan"))     # so a replay that writes nothing cannot pass
         graphs["gemv_kernel"].graph.replay()
         torch.cuda.synchronize()
         same = bool(torch.equal(outs[0].view(torch.int16), ref.view(torch.int16)))
