@@ -50,17 +50,37 @@ def q8_allowance(quantized, dense, tol_q: float) -> tuple[float, float]:
     return e_q, (e_q + tol_q * float(np.linalg.norm(quantized)) / nd if nd else 0.0)
 
 
+def subnormal_floor(dtype, ref) -> float:
+    """The relative-RMS share of the output rounding below the normal range: there the rounding
+    error is up to half the subnormal spacing h, absolute, not u relative, so each element's
+    error is at most u |Y| + h and ||y - Y|| <= u ||Y|| + h sqrt(n); this is h sqrt(n) / ||Y||
+    (0 for an all-zero Y, which relative_rms matches only exactly). Negligible for outputs in the
+    normal range; a single fp16 output of 2.7e-5 has 0.0022 of it."""
+    from reference import metrics
+    ref = np.asarray(ref, dtype=np.float64)
+    norm = float(np.linalg.norm(ref.ravel()))
+    if norm == 0.0 or not math.isfinite(norm):
+        return 0.0
+    return float(metrics.spacing(0.0, dtype)) / 2 * math.sqrt(ref.size) / norm
+
+
 def rms_tolerances(p, dtype, reference) -> list[tuple[str, float, float | None]]:
     """[(which, tolerance, e_q)] for each FP64 reference path p is judged against: 'dense', and
-    'quantized' for a path whose reference is the Q8 one. The dense bound of such a path is the
-    larger of its tolerance and the Q8 allowance (e_q: the exact Q8 arithmetic's own error, None
-    where not computed). reference(which) -> the FP64 reference array."""
+    'quantized' for a path whose reference is the Q8 one. A bound built on the output rounding
+    (tolerance against the path's own reference) includes subnormal_floor of that reference. The
+    dense bound of an integer path is the larger of its tolerance and the Q8 allowance (e_q: the
+    exact Q8 arithmetic's own error, None where not computed). reference(which) -> the FP64
+    reference array."""
     out = []
     for which in ["dense"] + (["quantized"] if p.reference == "quantized" else []):
         tol, e_q = tolerance(p, dtype, which), None
         if which == "dense" and p.reference == "quantized":
-            e_q, allow = q8_allowance(reference("quantized"), reference("dense"), tolerance(p, dtype, "quantized"))
+            q = reference("quantized")
+            tol_q = tolerance(p, dtype, "quantized") + subnormal_floor(dtype, q)
+            e_q, allow = q8_allowance(q, reference("dense"), tol_q)
             tol = max(tol, allow)
+        else:
+            tol += subnormal_floor(dtype, reference(which))
         out.append((which, tol, e_q))
     return out
 

@@ -189,6 +189,8 @@ def _past_the_end(b, x, w, out, dots):
 # flags the beyond-plant, and the selftest says so.
 EDGE_U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}     # unit roundoff of the output
 EDGE_FP32_FOLD, EDGE_Q8_BUDGET = 1e-5, 0.03
+# half the smallest subnormal spacing: below the normal range the output rounding is absolute
+EDGE_SUB_HALF = {torch.bfloat16: 2.0 ** -134, torch.float16: 2.0 ** -25}
 EDGE_FOLD_U = {"integer": 2.0 ** -24, "floating": 2.0 ** -23}        # FP32 u; tensor cores may truncate
 BEYOND, INSIDE = 1.1, 0.9
 # where a per-element plant may land (representable values only): beyond, and inside but moved
@@ -240,8 +242,15 @@ def _rel(y, r) -> float:
     return float(np.linalg.norm(y - r)) / n if n else 0.0
 
 
+def _sub_floor(dtype, r) -> float:
+    # ||y - r|| <= u ||r|| + h sqrt(n) when each output rounds within u |r| + h
+    n = float(np.linalg.norm(r))
+    return EDGE_SUB_HALF[dtype] * float(np.sqrt(np.size(r))) / n if n else 0.0
+
+
 def _row_tol(p, which, dtype, refs, i) -> float:
-    tol_q = EDGE_U[dtype] + EDGE_FP32_FOLD
+    own = "dense" if p.arithmetic == "floating" else "quantized"
+    tol_q = EDGE_U[dtype] + EDGE_FP32_FOLD + _sub_floor(dtype, refs[own][i])
     if which == "quantized" or p.arithmetic == "floating":
         return tol_q
     q, d = refs["quantized"][i], refs["dense"][i]

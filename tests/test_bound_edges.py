@@ -48,8 +48,19 @@ def rel(y, r) -> float:
     return float(np.linalg.norm(y - r) / np.linalg.norm(r))
 
 
-def tol_quantized(dt) -> float:
-    return U[dt] + FP32_FOLD
+def sub_floor(dt, ref) -> float:
+    """Below the normal range an output rounds within half the subnormal spacing h, absolute:
+    ||y - Y|| <= u ||Y|| + h sqrt(n), i.e. h sqrt(n) / ||Y|| more than u relative."""
+    if ref is None:
+        return 0.0
+    ref = np.asarray(ref, dtype=np.float64)
+    p, emin = PREC[dt]
+    h = 2.0 ** (emin - (p - 1)) / 2            # the subnormal spacing 2^(emin - p + 1), halved
+    return h * np.sqrt(ref.size) / float(np.linalg.norm(ref))
+
+
+def tol_quantized(dt, Q=None) -> float:
+    return U[dt] + FP32_FOLD + sub_floor(dt, Q)
 
 
 def tol_dense(arith, dt, Q=None, D=None) -> float:
@@ -57,8 +68,8 @@ def tol_dense(arith, dt, Q=None, D=None) -> float:
     arithmetic's own error is larger, what an output within tol_quantized of Q meets by the
     triangle inequality: relRMS(Q, D) + tol_q |Q| / |D|."""
     if arith == "floating":
-        return U[dt] + FP32_FOLD
-    return max(Q8_BUDGET, rel(Q, D) + tol_quantized(dt) * np.linalg.norm(Q) / np.linalg.norm(D))
+        return U[dt] + FP32_FOLD + sub_floor(dt, D)
+    return max(Q8_BUDGET, rel(Q, D) + tol_quantized(dt, Q) * np.linalg.norm(Q) / np.linalg.norm(D))
 
 
 def element_bound(arith, k, S, Y, dt):
@@ -208,7 +219,7 @@ ARITH_DT = [(a, t) for a in PATHS for t in DT]
 def test_relative_rms_at_its_edge(arith, dt, which, device):
     d = data(arith, dt, device=device)
     R = d["Q"] if which == "quantized" else d["D"]
-    tol = tol_quantized(dt) if which == "quantized" else tol_dense(arith, dt, d["Q"], d["D"])
+    tol = tol_quantized(dt, d["Q"]) if which == "quantized" else tol_dense(arith, dt, d["Q"], d["D"])
     name = checks.RMS_QUANTIZED if which == "quantized" else checks.RMS_DENSE
     for (a, b), seed in ((LO, 1), (HI, 2)):
         y, got = rms_plant(d, R, (a + b) / 2 * tol, seed)
@@ -224,7 +235,7 @@ def q8_kinds(dt, device):
     out = {}
     for kind in ("normal", "outliers", OUTLIER):
         d = data("integer", dt, kind, device=device)
-        allow = rel(d["Q"], d["D"]) + tol_quantized(dt) * np.linalg.norm(d["Q"]) / np.linalg.norm(d["D"])
+        allow = rel(d["Q"], d["D"]) + tol_quantized(dt, d["Q"]) * np.linalg.norm(d["Q"]) / np.linalg.norm(d["D"])
         out.setdefault("budget" if allow < Q8_BUDGET else "allowance", kind)
     return out
 
@@ -376,7 +387,7 @@ def test_an_integer_path_returning_the_dense_reference_fails(dt, device):
     the dense product (no Q8) must fail the quantized check, whatever the dense one says."""
     d = data("integer", dt, device=device)
     y = torch.from_numpy(d["D"]).to(DT[dt])
-    assert rel(y.double(), d["Q"]) > 1.5 * tol_quantized(dt), "precondition: Q and D differ enough here"
+    assert rel(y.double(), d["Q"]) > 1.5 * tol_quantized(dt, d["Q"]), "precondition: Q and D differ enough here"
     r = judge(d, y)
     assert checks.RMS_QUANTIZED in r.failed and checks.RMS_DENSE not in r.failed, (
         f"{d['c'].id}: {r.failures}; reproduce: {HERE} -k 'returning_the_dense and {dt}'")
@@ -388,7 +399,7 @@ def test_a_floating_path_returning_the_quantized_reference_fails(dt, device):
     w = d["inp"].w
     Q = projection.quantized(d["inp"].x.cpu(), w.data.cpu(), layout=w.layout, n=w.n, k=w.k)
     y = torch.from_numpy(Q).to(DT[dt])
-    assert rel(y.double(), d["D"]) > 1.5 * tol_dense("floating", dt), "precondition: Q and D differ enough here"
+    assert rel(y.double(), d["D"]) > 1.5 * tol_dense("floating", dt, D=d["D"]), "precondition: Q and D differ enough here"
     r = judge(d, y)
     assert checks.RMS_DENSE in r.failed and checks.PER_ELEMENT in r.failed, (
         f"{d['c'].id}: {r.failures}; reproduce: {HERE} -k 'returning_the_quantized and {dt}'")
@@ -436,7 +447,7 @@ def _scaled(monkeypatch, obj, name, factor):
 @pytest.mark.parametrize("factor", [2, 4])
 def test_loosened_unit_roundoff_lets_the_rms_plant_pass(factor, monkeypatch, device):
     d = data("integer", "bf16", device=device)
-    tol = tol_quantized("bf16")
+    tol = tol_quantized("bf16", d["Q"])
     y, got = rms_plant(d, d["Q"], 1.1 * tol, 2)
     assert checks.RMS_QUANTIZED in judge(d, y).failed
     _scaled(monkeypatch, numerics, "UNIT_ROUNDOFF", factor)
@@ -652,7 +663,7 @@ def side(d, y):
 def test_replay_relative_rms_at_its_edge(arith, dt, which, device):
     d = replay_data(dt, arith, device=device)
     R = d["Q"] if which == "quantized" else d["D"]
-    tol = tol_quantized(dt) if which == "quantized" else tol_dense(arith, dt, d["Q"], d["D"])
+    tol = tol_quantized(dt, d["Q"]) if which == "quantized" else tol_dense(arith, dt, d["Q"], d["D"])
     for (a, b), seed in ((LO, 5), (HI, 6)):
         y, got = rms_plant(d, R, (a + b) / 2 * tol, seed)
         assert a <= got / tol <= b
@@ -689,7 +700,7 @@ def test_replay_never_passes_a_non_finite_output(value, device):
 @pytest.mark.parametrize("factor", [2, 4])
 def test_replay_loosened_bounds_let_the_plants_pass(factor, monkeypatch, device):
     d = replay_data("bf16", device=device)
-    y_rms, _ = rms_plant(d, d["Q"], 1.1 * tol_quantized("bf16"), 6)
+    y_rms, _ = rms_plant(d, d["Q"], 1.1 * tol_quantized("bf16", d["Q"]), 6)
     y_el = element_plant(d, HI, "half")[0]
     assert any("relative RMS vs quantized" in f for f in side(d, y_rms)["failures"])
     assert any("per-element bound" in f for f in side(d, y_el)["failures"])
