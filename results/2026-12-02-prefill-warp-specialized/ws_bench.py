@@ -1,7 +1,7 @@
 """mmq_ws on the GPU: bits against mmq_wgmma and mmq, then paired graph timings at M = 2048."""
 import json, statistics, sys, time
 import torch
-from kernels import cublas, mmq, mmq_wgmma, mmq_ws, _ws_magic, _wg_magic
+from kernels import cublas, mmq, mmq_wgmma, mmq_ws
 from pq2verify import inputs
 from pq2verify.bench import plan
 from pq2verify.bench.sweep import clocks, graph_time
