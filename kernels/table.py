@@ -73,8 +73,7 @@ ENTRIES: tuple[Entry, ...] = (
           description="prefill: INT8 tensor-core dot per 128-group on weights expanded to int8"),
     Entry("gemv", "kernels.gemv", "tuned", 1, 1, counterpart="int_gemv",
           description="M=1: masked-plane DP4A, split-K summed in the kernel by the tile's last program, "
-                      "quantize and GEMV PDL-chained on CUDA; on sm_90 (prepared) a Gluon kernel with "
-                      "chained DP4As, elsewhere its plain-Triton twin"),
+                      "quantize and GEMV PDL-chained on CUDA"),
     Entry("single", "kernels.single", "tuned", 1, 1, counterpart="int_gemv",
           description="M=1: plane-order DP4A on raw codes minus the group sum; own FP32 sum order"),
     Entry("small_mma", "kernels.small_mma", "tuned", 2, 16, counterpart="int_gemv",

@@ -49,12 +49,6 @@ def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
     consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], SPLIT=split,
                   MASKED=not (prepared and n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=prepared,
                   WRITE_DOTS=False, PDL=c["PDL"], INTERP=False)
-    if c.get("GLUON") and prepared:
-        # run() launches the Gluon kernel on sm_90 with prepared weights (gemv.gluon_runs)
-        ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, scale_off=ints["scale_off"], per=per)
-        consts = {a: v for a, v in consts.items() if a not in ("PREPARED", "INTERP")}
-        kern = mod._gluon_pair_kernel if c.get("PAIR") else mod._gluon_kernel
-        return c, (kern, ptrs, ints, {**consts, "num_warps": c["num_warps"]}, c["num_warps"], 1), {}
     return c, (mod._gemv_kernel, ptrs, ints, consts, c["num_warps"], 1), {}
 
 
