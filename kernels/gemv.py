@@ -19,10 +19,8 @@ Launch (CUDA): with programmatic dependent launch (PDL). Each kernel first lets 
 launch, loads what no earlier kernel writes (the first DEPTH chunks of weight codes and scales),
 and only then waits for the previous grid (griddepcontrol.wait) before reading activations or
 writing anything. Weights must therefore not be written by the kernel just before in the same
-stream (they are constants in a model). With num_stages > 1 only the first chunk is in registers
-before the wait; the loop after it streams the rest through shared memory (cp.async), so the
-chunks in flight cost shared memory instead of registers. The quantize kernel runs first (it
-also zeroes the split-K counters).
+stream (they are constants in a model). The quantize kernel runs first (it also zeroes the
+split-K counters).
 Under TRITON_INTERPRET=1 the PDL constexpr is False and the calls compile away.
 """
 import functools
@@ -80,45 +78,11 @@ def _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, c, g_end, G, code_row, code
 
 
 @triton.jit
-def _fold(lanes, w, ws, a_ptr, xs_ptr, t_ptr, dots_ptr, d_sn, d_sg, rn, n_ok, g0, g_end,
-          BN: tl.constexpr, GC: tl.constexpr, MASKED: tl.constexpr, WRITE_DOTS: tl.constexpr,
-          INTERP: tl.constexpr):
-    """lanes after folding one chunk: code words w [BN, GC*8] and fp16 scales ws [BN, GC] of
-    groups g0 .. g0+GC-1 (groups at or past g_end are masked)."""
-    gi = tl.arange(0, GC)
-    j = tl.arange(0, 8)
-    g = g0 + gi
-    g_ok = g < g_end
-    w = tl.reshape(w, (BN, GC, 8))
-    plane0 = tl.full([], 0x03030303, tl.int32)   # shifted in int32: 0xC0C0C0C0 wraps
-    dot = tl.zeros([BN, GC], dtype=tl.int32)
-    for s in tl.static_range(4):
-        ap = a_ptr + g[:, None] * 32 + s * 8 + j[None, :]
-        if MASKED:
-            a = tl.load(ap, mask=g_ok[:, None], other=0)
-        else:
-            a = tl.load(ap)                                          # [GC, 8] words
-        acc = common.dp4a(w & (plane0 << (2 * s)), a[None, :, :],
-                          tl.zeros([BN, GC, 8], dtype=tl.int32), INTERP, True)
-        dot += tl.sum(acc, axis=2) >> (2 * s)
-    if MASKED:
-        t = tl.load(t_ptr + g, mask=g_ok, other=0)
-        xs = tl.load(xs_ptr + g, mask=g_ok, other=0.0)
-    else:
-        t = tl.load(t_ptr + g)
-        xs = tl.load(xs_ptr + g)
-    dot = dot - t[None, :]
-    if WRITE_DOTS:
-        tl.store(dots_ptr + rn[:, None] * d_sn + g[None, :] * d_sg, dot, mask=n_ok[:, None] & g_ok[None, :])
-    return common.scale_accumulate(lanes, dot, xs[None, :], ws.to(tl.float32))
-
-
-@triton.jit
 def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, part_ptr, count_ptr,
                  dots_ptr, d_sn, d_sg,
                  N, G, code_row, code_group, code_off, scale_row, scale_group, scale_off, per,
                  BN: tl.constexpr, GC: tl.constexpr, LOG_GC: tl.constexpr, CHUNKS: tl.constexpr,
-                 DEPTH: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr, MASKED: tl.constexpr, PREPARED: tl.constexpr,
+                 DEPTH: tl.constexpr, SPLIT: tl.constexpr, MASKED: tl.constexpr, PREPARED: tl.constexpr,
                  WRITE_DOTS: tl.constexpr, PDL: tl.constexpr, INTERP: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -126,6 +90,8 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
     pid_k = tl.program_id(1)
     rn = tile * BN + tl.arange(0, BN)
     n_ok = rn < N
+    gi = tl.arange(0, GC)
+    j = tl.arange(0, 8)
     g_begin = pid_k * per
     g_end = tl.minimum(g_begin + per, G)
     # The first DEPTH chunks' codes and scales are constants: loaded before the wait for the
@@ -145,42 +111,53 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
     if PDL:
         tl.extra.cuda.gdc_wait()
     lanes = tl.zeros([BN, GC], dtype=tl.float32)
-    if STAGES == 1:
-        # constexpr trip count: runtime loop bounds break Triton 3.6's interpreter under numpy >= 2.4
-        for i in range(0, CHUNKS):
-            w, ws = w1, s1
-            # the ring moves on by one; chunk i + DEPTH is loaded while chunk i is computed
-            if DEPTH == 1:
-                w1, s1 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 1, g_end, G, code_row, code_group,
-                                code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
-            if DEPTH == 2:
-                w1, s1 = w2, s2
-                w2, s2 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 2, g_end, G, code_row, code_group,
-                                code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
-            if DEPTH == 3:
-                w1, s1 = w2, s2
-                w2, s2 = w3, s3
-                w3, s3 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 3, g_end, G, code_row, code_group,
-                                code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
-            if DEPTH == 4:
-                w1, s1 = w2, s2
-                w2, s2 = w3, s3
-                w3, s3 = w4, s4
-                w4, s4 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 4, g_end, G, code_row, code_group,
-                                code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
-            lanes = _fold(lanes, w, ws, a_ptr, xs_ptr, t_ptr, dots_ptr, d_sn, d_sg, rn, n_ok, g_begin + i * GC,
-                          g_end, BN, GC, MASKED, WRITE_DOTS, INTERP)
-    else:
-        # chunk 0 came in registers before the wait; the rest through shared memory, STAGES - 1
-        # chunks ahead (Triton's cp.async pipeline). The loop follows the wait, so its prologue,
-        # activation loads included, is issued after it.
-        lanes = _fold(lanes, w1, s1, a_ptr, xs_ptr, t_ptr, dots_ptr, d_sn, d_sg, rn, n_ok, g_begin,
-                      g_end, BN, GC, MASKED, WRITE_DOTS, INTERP)
-        for i in tl.range(1, CHUNKS, num_stages=STAGES):
-            w, ws = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i, g_end, G, code_row, code_group,
-                           code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
-            lanes = _fold(lanes, w, ws, a_ptr, xs_ptr, t_ptr, dots_ptr, d_sn, d_sg, rn, n_ok, g_begin + i * GC,
-                          g_end, BN, GC, MASKED, WRITE_DOTS, INTERP)
+    plane0 = tl.full([], 0x03030303, tl.int32)   # shifted in int32: 0xC0C0C0C0 wraps
+    # constexpr trip count: runtime loop bounds break Triton 3.6's interpreter under numpy >= 2.4
+    for i in range(0, CHUNKS):
+        g0 = g_begin + i * GC
+        g = g0 + gi
+        g_ok = g < g_end
+        w = tl.reshape(w1, (BN, GC, 8))
+        ws = s1.to(tl.float32)
+        # the ring moves on by one; chunk i + DEPTH is loaded while chunk i is computed
+        if DEPTH == 1:
+            w1, s1 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 1, g_end, G, code_row, code_group,
+                            code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
+        if DEPTH == 2:
+            w1, s1 = w2, s2
+            w2, s2 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 2, g_end, G, code_row, code_group,
+                            code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
+        if DEPTH == 3:
+            w1, s1 = w2, s2
+            w2, s2 = w3, s3
+            w3, s3 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 3, g_end, G, code_row, code_group,
+                            code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
+        if DEPTH == 4:
+            w1, s1 = w2, s2
+            w2, s2 = w3, s3
+            w3, s3 = w4, s4
+            w4, s4 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 4, g_end, G, code_row, code_group,
+                            code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
+        dot = tl.zeros([BN, GC], dtype=tl.int32)
+        for s in tl.static_range(4):
+            ap = a_ptr + g[:, None] * 32 + s * 8 + j[None, :]
+            if MASKED:
+                a = tl.load(ap, mask=g_ok[:, None], other=0)
+            else:
+                a = tl.load(ap)                                          # [GC, 8] words
+            acc = common.dp4a(w & (plane0 << (2 * s)), a[None, :, :],
+                              tl.zeros([BN, GC, 8], dtype=tl.int32), INTERP, True)
+            dot += tl.sum(acc, axis=2) >> (2 * s)
+        if MASKED:
+            t = tl.load(t_ptr + g, mask=g_ok, other=0)
+            xs = tl.load(xs_ptr + g, mask=g_ok, other=0.0)
+        else:
+            t = tl.load(t_ptr + g)
+            xs = tl.load(xs_ptr + g)
+        dot = dot - t[None, :]
+        lanes = common.scale_accumulate(lanes, dot, xs[None, :], ws)
+        if WRITE_DOTS:
+            tl.store(dots_ptr + rn[:, None] * d_sn + g[None, :] * d_sg, dot, mask=n_ok[:, None] & g_ok[None, :])
     y = common.lane_tree(lanes, BN, GC, LOG_GC)
     if SPLIT == 1:
         tl.store(out_ptr + rn * out_sn, prepare.to_out(y, out_ptr.dtype.element_ty, INTERP), mask=n_ok)
@@ -193,14 +170,12 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
 
 FIELDS = {"BN": protocol.pow2(1), "GC": protocol.pow2(1), "groups_per_split": protocol.integer(1),
           "SPLIT": protocol.integer(1), "DEPTH": protocol.integer(1, 4), "PDL": protocol.flag,
-          "num_warps": protocol.WARPS, "num_stages": protocol.STAGES}
+          "num_warps": protocol.WARPS}
 
 
 def config(n: int, k: int, m: int = 1, interpret: bool | None = None) -> dict:
-    """{BN, GC, groups_per_split, SPLIT, DEPTH, PDL, num_warps, num_stages} from shapes only.
-    DEPTH: chunks of weight codes in flight in registers, loaded before the PDL wait and then
-    kept in flight. num_stages > 1 (with DEPTH 1): the first chunk in registers before the wait,
-    the rest through shared memory num_stages - 1 chunks ahead (same bits: the fold is the same). interpret: the
+    """{BN, GC, groups_per_split, SPLIT, DEPTH, PDL, num_warps} from shapes only. DEPTH: chunks
+    of weight codes in flight, loaded before the PDL wait and then kept in flight. interpret: the
     interpreter's config or the GPU's (default: this process's). PDL: launch the quantize and
     GEMV kernels with programmatic dependent launch (CUDA only; ignored by the interpreter)."""
     return dict(_config(n, k, common.INTERPRET if interpret is None else bool(interpret)))
@@ -247,22 +222,14 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
         while n < 12288 and row_tiles * split < 640 and groups // (split * 2) >= gc:
             split *= 2
     per = triton.cdiv(groups, split)
-    stages = 1
-    if not interpret and depth == 1 and triton.cdiv(per, gc) >= 3:
-        # chunks after the first stream through shared memory, several ahead: the whole 5-chunk
-        # slice of a 32-row tile in flight (29 KB), 2 chunks ahead elsewhere (22-73 KB)
-        stages = 4 if bn == 32 else 3
     return (("BN", bn), ("GC", gc), ("groups_per_split", per), ("SPLIT", triton.cdiv(groups, per)),
-            ("DEPTH", depth), ("PDL", True), ("num_warps", warps), ("num_stages", stages))
+            ("DEPTH", depth), ("PDL", True), ("num_warps", warps))
 
 
 def _resolve(n, k, interpret, cfg) -> dict:
     c = protocol.force("gemv", config(n, k, 1, interpret), cfg, FIELDS)
     if cfg is not None:
         protocol.splits("gemv", k // 128, c["groups_per_split"], c["SPLIT"])
-        if c["num_stages"] > 1 and c["DEPTH"] > 1:
-            raise ValueError(f"gemv: config field num_stages={c['num_stages']}: the shared-memory pipeline "
-                             f"replaces the register ring, so it needs DEPTH=1 (got DEPTH={c['DEPTH']})")
     return c
 
 
@@ -307,7 +274,7 @@ def launch(q, xs, t, w, out, cfg, *, pdl, count, dots=None):
         out, out.stride(1), part, count if split > 1 else t[0], dd, ds[1], ds[2],
         n, g, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"], per,
-        BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=triton.cdiv(per, gc), DEPTH=cfg["DEPTH"],
-        STAGES=cfg["num_stages"], SPLIT=split, MASKED=not (prepared and n % bn == 0 and per % gc == 0 and g % per == 0),
+        BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=triton.cdiv(per, gc), DEPTH=cfg["DEPTH"], SPLIT=split,
+        MASKED=not (prepared and n % bn == 0 and per % gc == 0 and g % per == 0),
         PREPARED=prepared, WRITE_DOTS=write_dots, PDL=pdl, INTERP=common.INTERPRET,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl)
+        num_warps=cfg["num_warps"], num_stages=1, launch_pdl=pdl)

@@ -17,14 +17,10 @@ HERE = "tests/test_gemv_ring.py"
 N, K, GC = 40, 1536, 2
 RING = [dict(DEPTH=d, SPLIT=1, groups_per_split=12) for d in (1, 2, 3, 4)]
 RING += [dict(DEPTH=d, SPLIT=2, groups_per_split=p) for d in (1, 4) for p in (6, 7)]
-# the shared-memory pipeline (num_stages > 1): chunk 0 before the wait, the rest pipelined; on a
-# GPU 2 stages (one chunk ahead) and 4 (the whole split of 3 chunks in flight, a masked tail)
-RING += [dict(DEPTH=1, num_stages=s, SPLIT=1, groups_per_split=12) for s in (2, 4)]
-RING += [dict(DEPTH=1, num_stages=s, SPLIT=2, groups_per_split=p) for s in (2, 4) for p in (6, 7)]
 
 
 def _label(c):
-    return f"DEPTH{c['DEPTH']}-STAGES{c.get('num_stages', 1)}-SPLIT{c['SPLIT']}x{c['groups_per_split']}"
+    return f"DEPTH{c['DEPTH']}-SPLIT{c['SPLIT']}x{c['groups_per_split']}"
 
 
 @pytest.mark.parametrize("layout", ["prepared", "raw"])
@@ -47,13 +43,6 @@ def test_the_ring_keeps_dots_and_bits(cfg, kind, layout, device):
     if device == "cpu":   # a GPU may contract the fold into an FMA; the interpreter's bytes are the emulation's
         e = emulation.emulate("gemv", x, w, config=cfg, interpret=True)
         assert same_bits(y, e), "output bytes differ from the emulation's under the config" + where
-
-
-def test_stages_with_a_register_ring_are_refused_naming_both_fields(device):
-    x = torch.zeros(1, K, dtype=torch.bfloat16, device=device)
-    w = PQ2Weight.from_raw(torch.from_numpy(gen.ternary_weight(N, K, 11))).to(device)
-    with pytest.raises(ValueError, match="num_stages=2.*DEPTH=1.*DEPTH=3"):
-        gemv.run(x, w, config={"DEPTH": 3, "num_stages": 2})
 
 
 def test_a_depth_out_of_range_is_refused_naming_the_field(device):

@@ -154,6 +154,8 @@ MS = sorted(set(bench.STEP_MS) | set(bench.DEFAULT_MS) | set(cases.MS["bonsai27b
 KNOWN_SPILLS = {
     ("native", (("BM", 128), ("BN", 128), ("num_stages", 3), ("num_warps", 8)), "raw"),          # M = 128
     ("mmq_planes", (("BM", 64), ("BN", 128), ("SWAP", True), ("num_stages", 3), ("num_warps", 4)), "prepared"),
+    ("gemv", (("BN", 64), ("DEPTH", 1), ("GC", 16), ("PDL", True), ("SPLIT", 1),
+              ("groups_per_split", 40), ("num_warps", 8)), "raw"),                                                                                       # in_proj, qkv
 }
 
 
@@ -247,10 +249,9 @@ def test_a_planted_larger_tile_fails():
 
 
 def test_a_planted_spilling_config_fails():
-    """gemv forced to 64 rows x 16 groups, 8 warps, the register loop (num_stages 1) on every
-    shape: the raw layout spills where the chooser does not pick it (recorded nowhere), a SPILL
-    verdict."""
-    rc, rows, _ = _sm90("--only", "gemv", "--config", 'gemv={"GC": 16, "BN": 64, "num_warps": 8, "num_stages": 1}')
+    """gemv forced to 64 rows x 16 groups, 8 warps on every shape: the raw layout spills where the
+    chooser does not pick it (recorded nowhere), a SPILL verdict."""
+    rc, rows, _ = _sm90("--only", "gemv", "--config", 'gemv={"GC": 16, "BN": 64, "num_warps": 8}')
     assert rc == 1
     spilled = [r for r in rows if r["local"] and not resources.passed(r["verdict"])]
     assert spilled and all("SPILL" in r["verdict"] for r in spilled), [r["verdict"] for r in rows][:3]
