@@ -149,6 +149,40 @@ def test_a_step_target_needs_both_the_floor_fraction_and_the_time_limit():
     assert tg["met"] is True, (tg, repro(t))
 
 
+H100 = {"config": {"env": "cuda", "device": "NVIDIA H100 80GB HBM3 (sm_90)"}}
+H200 = {"config": {"env": "cuda", "device": "NVIDIA H200 (sm_90)"}}
+
+
+def test_the_step_time_limits_are_judged_on_the_h200_only():
+    """M=1, floor 2.17 ms (a GPU slower to read than the H200), step 2.4 ms: 2.17 / 2.4 = 90.4% of
+    the floor >= 85%. On the H200 the 1.75 ms limit also holds: 2.4 > 1.75, not met, and the
+    needed time min(2.17 / 0.85, 1.75) = 1.75 ms is below a 2.18 ms best read: 'below the speed
+    of light'. On an H100 that limit is not its own: met by the fraction, the needed time 2.17 /
+    0.85 = 2.553 ms, above the read, and the limit named as not judged."""
+    t = "test_the_step_time_limits_are_judged_on_the_h200_only"
+    row = _step_row(1, 2.4, 2.17, sol={"sol_pdl_all": {"time": {"median": 2.18}, "pct_floor": 2.17 / 2.18}},
+                    sol_best="sol_pdl_all")
+    on200 = _target({"header": H200, "rows": [row]}, "decode step M=1: tuned")
+    assert on200["met"] is False and "2.400 ms > 1.75 ms" in on200["gap"], (on200, repro(t))
+    assert on200["needed_ms"] == pytest.approx(1.75) and "below the speed of light" in on200["gap"], (on200, repro(t))
+    on100 = _target({"header": H100, "rows": [row]}, "decode step M=1: tuned")
+    assert on100["met"] is True and on100["needed_ms"] == pytest.approx(2.17 / 0.85), (on100, repro(t))
+    assert "below the speed of light" not in on100["gap"], (on100, repro(t))
+    assert "1.75 ms limit is the H200's, not judged on NVIDIA H100" in on100["gap"], (on100, repro(t))
+    assert on100["want"] == ">= 85% of floor (<= 1.75 ms on the H200 only)", (on100, repro(t))
+    # a run without a GPU's name (a dry run, an old file) keeps the H200's limits
+    assert _target({"rows": [row]}, "decode step M=1: tuned")["met"] is False, repro(t)
+
+
+def test_the_targets_heading_names_the_runs_gpu_where_it_differs():
+    t = "test_the_targets_heading_names_the_runs_gpu_where_it_differs"
+    assert report.targets_title({"header": H200}) == "Targets (H200)", repro(t)
+    assert report.targets_title({"header": H100}) == ("Targets (set for the H200; this run: NVIDIA H100 80GB "
+                                                      "HBM3 (sm_90))"), repro(t)
+    dry = {"config": {"env": "dry-run", "device": "none (dry run)"}}
+    assert report.targets_title({"header": dry}) == "Targets (H200)", repro(t)
+
+
 def test_a_step_slower_than_bf16_misses_the_bf16_target():
     """M=1 step 2 ms, BF16 step 1.8 ms: 0.9x the BF16 speed, far from the 8x wanted."""
     t = "test_a_step_slower_than_bf16_misses_the_bf16_target"

@@ -3,7 +3,7 @@ with a plot beside it (speedup and percent of bandwidth per shape and M). Reads 
 dicts of pq2verify.bench, so a dry run exercises all of it."""
 from pathlib import Path
 
-from .plan import INT8_PEAK_TOPS
+from .plan import INT8_PEAK_TOPS, TARGET_GPU
 
 DASH = "-"
 
@@ -383,7 +383,7 @@ def console_tables(res: dict) -> list:
         for f in fits:
             t.add_row(*f)
         out.append(t)
-    t = Table(title="targets (H200)")
+    t = Table(title="t" + targets_title(res)[1:])
     for col in ("target", "want", "measured", "met", "gap"):
         t.add_column(col, overflow="fold")
     for g in res.get("targets", []):
@@ -396,6 +396,13 @@ def _error_cells(r: dict, n: int) -> list:
     first = ([r.get("shape") or DASH, str(r.get("m"))] if r["kind"] == "shape" else
              [r["key"], r.get("shape") or DASH, str(r.get("m"))] if r["kind"] == "aa" else [str(r.get("m"))])
     return first + ["ERROR: " + str(r.get("error"))] + [DASH] * (n - len(first) - 1)
+
+
+def targets_title(res: dict) -> str:
+    """The targets' heading: the GPU they are set for, and this run's where it differs."""
+    from .verdicts import other_gpu
+    gpu = other_gpu(res)
+    return (f"Targets (set for the {TARGET_GPU}; this run: {gpu})" if gpu else f"Targets ({TARGET_GPU})")
 
 
 def met_cell(met) -> str:
@@ -539,7 +546,7 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
     L += [f"- {w}" for w in [provenance.status_line(prov)] if w]      # the backend's missing records
     for line in summary_lines(res):
         L.append(f"- {line}")
-    L += ["", "## Targets (H200)", ""]
+    L += ["", f"## {targets_title(res)}", ""]
     L += _md_table(("target", "want", "measured", "met", "gap"),
                    [[g["target"], g["want"], g["got"], met_cell(g["met"]), g["gap"]] for g in res.get("targets", [])])
     pairs = res.get("tuned_vs_legacy", [])
