@@ -3,6 +3,7 @@ from the numbers: B exactly 2x slower in every round is a slowdown, identical A/
 no difference, an interval must leave the A/A band by its near tail, a baseline side is judged
 against a conservative BF16 correction, and every verdict reaches the report's text."""
 import math
+from dataclasses import asdict
 
 import pytest
 
@@ -176,11 +177,12 @@ def test_the_step_time_limits_are_judged_on_the_h200_only():
 
 def test_the_targets_heading_names_the_runs_gpu_where_it_differs():
     t = "test_the_targets_heading_names_the_runs_gpu_where_it_differs"
-    assert report.targets_title({"header": H200}) == "Targets (H200)", repro(t)
-    assert report.targets_title({"header": H100}) == ("Targets (set for the H200; this run: NVIDIA H100 80GB "
-                                                      "HBM3 (sm_90))"), repro(t)
+    assert report.targets_scope({"header": H200}) == "H200", repro(t)
+    assert report.targets_scope({"header": H100}) == "set for the H200; this run: NVIDIA H100 80GB HBM3 (sm_90)", repro(t)
     dry = {"config": {"env": "dry-run", "device": "none (dry run)"}}
-    assert report.targets_title({"header": dry}) == "Targets (H200)", repro(t)
+    assert report.targets_scope({"header": dry}) == "H200", repro(t)
+    text = report.markdown({"header": H100, "rows": [], "config": asdict(Config()), "targets": []}, None)
+    assert "## Targets (set for the H200; this run: NVIDIA H100 80GB HBM3 (sm_90))" in text, repro(t)
 
 
 def test_a_step_slower_than_bf16_misses_the_bf16_target():

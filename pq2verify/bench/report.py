@@ -383,7 +383,7 @@ def console_tables(res: dict) -> list:
         for f in fits:
             t.add_row(*f)
         out.append(t)
-    t = Table(title="t" + targets_title(res)[1:])
+    t = Table(title=f"targets ({targets_scope(res)})")
     for col in ("target", "want", "measured", "met", "gap"):
         t.add_column(col, overflow="fold")
     for g in res.get("targets", []):
@@ -398,11 +398,11 @@ def _error_cells(r: dict, n: int) -> list:
     return first + ["ERROR: " + str(r.get("error"))] + [DASH] * (n - len(first) - 1)
 
 
-def targets_title(res: dict) -> str:
-    """The targets' heading: the GPU they are set for, and this run's where it differs."""
+def targets_scope(res: dict) -> str:
+    """What the targets' heading names: the GPU they are set for, and this run's where it differs."""
     from .verdicts import other_gpu
     gpu = other_gpu(res)
-    return (f"Targets (set for the {TARGET_GPU}; this run: {gpu})" if gpu else f"Targets ({TARGET_GPU})")
+    return f"set for the {TARGET_GPU}; this run: {gpu}" if gpu else TARGET_GPU
 
 
 def met_cell(met) -> str:
@@ -546,7 +546,7 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
     L += [f"- {w}" for w in [provenance.status_line(prov)] if w]      # the backend's missing records
     for line in summary_lines(res):
         L.append(f"- {line}")
-    L += ["", f"## {targets_title(res)}", ""]
+    L += ["", f"## Targets ({targets_scope(res)})", ""]
     L += _md_table(("target", "want", "measured", "met", "gap"),
                    [[g["target"], g["want"], g["got"], met_cell(g["met"]), g["gap"]] for g in res.get("targets", [])])
     pairs = res.get("tuned_vs_legacy", [])
