@@ -17,7 +17,7 @@ def _run(tool, argv):
         from pq2verify.sm90 import cli
         return cli.main(argv)
     sys.argv = [f"{tool}.py", *argv]
-    where = TUNE.parent / "profile" if tool in ("decode_kernel", "decode_boundary") else TUNE
+    where = TUNE.parent / "profile" if tool in ("decode_kernel", "decode_boundary", "prefill_isolate") else TUNE
     runpy.run_path(str(where / f"{tool}.py"), run_name="__main__")
 
 
@@ -69,6 +69,10 @@ def _run(tool, argv):
     ("decode_boundary", ["b.json", "--shapes", "gate_up,bogus"], "unknown shape ['bogus']"),
     ("decode_boundary", ["b.json", "--shapes", "in_proj_ba"], "unknown shape ['in_proj_ba']"),
     ("decode_boundary", ["b.json", "--shapes", "out", "--reps", "0"], "argument --reps: expected an integer >= 1"),
+    ("prefill_isolate", ["b.json", "--m", "16"], "mmq_wgmma serves M 17+, got 16"),
+    ("prefill_isolate", [".", "--m", "2048"], "argument dest: '.' is a folder"),
+    ("prefill_isolate", ["b.json", "--shapes", "in_proj_ba"], "unknown shape ['in_proj_ba']"),
+    ("prefill_isolate", ["b.json", "--rounds", "0"], "argument --rounds: expected an integer >= 1"),
 ])
 def test_refuses_impossible_options(tool, argv, msg, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", list(sys.argv))     # _run sets it; restored after
