@@ -68,6 +68,24 @@ def thunks(x, ws, outs, stages=False):
     return out, count
 
 
+def occupancies(x, w, out) -> dict:
+    """{stage: registers, spills, programs an SM} of each gemv_stages kernel as launched for this
+    shape (a stage's time is its work at its own occupancy: gemv_stages.py's docstring)."""
+    from pq2verify.sm90 import resources
+    cfg = gemv.config(w.n, w.k, 1)
+    split = cfg["SPLIT"]
+    count = torch.zeros(-(-w.n // cfg["BN"]), dtype=torch.int32, device=x.device)
+    part = torch.empty(split * w.n, dtype=torch.float32, device=x.device)
+    q, xs, t = prepare.quantize_q8(x, order="plane")
+    fit = {}
+    for st in gemv_stages.STAGES:
+        k = gemv_stages.launch(st, q, xs, t, w, out, cfg, pdl=True, count=count, part=part)
+        fit[st] = {"registers": k.n_regs, "spills": k.n_spills,
+                   "programs_per_sm": resources.occupancy(k.n_regs, k.metadata.shared, cfg["num_warps"])[0]}
+    torch.cuda.synchronize()
+    return fit
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dest")
@@ -102,8 +120,9 @@ def main():
         torch.cuda.synchronize()
         same = bool(torch.equal(outs[0].view(torch.int16), ref.view(torch.int16)))
         # the stages that must give gemv's bits: full, and fold where the shape has one split
-        stage_bits = {}
+        stage_bits, stage_fit = {}, {}
         if args.stages:
+            stage_fit = occupancies(x, ws[0], outs[0])
             for st in ("fold", "full") if gemv.config(sh.n, sh.k, 1)["SPLIT"] == 1 else ("full",):
                 outs[0].fill_(float("nan"))
                 graphs["stage " + st].graph.replay()
@@ -128,7 +147,10 @@ def main():
                 prev = cur
             print(f"{name:8s} stages, us a call each adds (read: over the PDL read): {'; '.join(steps)}; "
                   f"bits equal gemv's: {stage_bits}", flush=True)
-        res["shapes"][name] = {"rows": s, "bits_equal": same, "stage_bits_equal": stage_bits, "floor_s": floor, "config": gemv.config(sh.n, sh.k, 1)}
+            print(f"{name:8s} stages' registers, spills and programs an SM: "
+                  + "; ".join(f"{st} {v['registers']}r {v['spills']}s {v['programs_per_sm']}/SM" for st, v in stage_fit.items()),
+                  flush=True)
+        res["shapes"][name] = {"rows": s, "bits_equal": same, "stage_bits_equal": stage_bits, "stage_occupancy": stage_fit, "floor_s": floor, "config": gemv.config(sh.n, sh.k, 1)}
         with open(args.dest, "w") as f:
             json.dump(res, f, indent=1)
         del graphs, parts, ws, outs, count

@@ -9,7 +9,12 @@ keeps gemv's tiles, chunks, DEPTH ring (1 or 2), PDL order and grid, and adds to
   full  + the split-K sum by the tile's last program: gemv's output, bit for bit
 
 Stages read, act and dot write a sum that means nothing; fold equals gemv where a shape has one
-split, full equals gemv everywhere (tools/profile/decode_boundary.py --stages checks both)."""
+split, full equals gemv everywhere (tools/profile/decode_boundary.py --stages checks both).
+
+The stages compile to different register counts, so they may run more or fewer programs an SM
+than full (in the sm_90 compile: read and act fewer registers on every shape; dot more than
+full on in_proj and qkv, one program an SM instead of two). A stage's time is its work at its
+own occupancy: decode_boundary.py records each stage's registers and programs an SM beside it."""
 import torch
 import triton
 import triton.language as tl
@@ -43,7 +48,8 @@ def _stage_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, 
     if PDL:
         tl.extra.cuda.gdc_wait()
     lanes = tl.zeros([BN, GC], dtype=tl.float32)
-    bits = tl.zeros([BN, GC * 8], dtype=tl.int32)
+    # [BN, GC] like the fold's lanes: a [BN, GC * 8] one held more registers than the full kernel
+    bits = tl.zeros([BN, GC], dtype=tl.int32)
     idot = tl.zeros([BN, GC], dtype=tl.int32)
     plane0 = tl.full([], 0x03030303, tl.int32)
     for i in range(0, CHUNKS):
@@ -61,7 +67,7 @@ def _stage_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, 
                                  code_group, code_off, scale_row, scale_group, scale_off, GC, CHUNKS,
                                  PREPARED, MASKED)
         if STAGE == 0:
-            bits ^= wc
+            bits ^= tl.xor_sum(tl.reshape(wc, (BN, GC, 8)), axis=2)
             lanes += ws
         else:
             if MASKED:
@@ -71,14 +77,15 @@ def _stage_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, 
                 t = tl.load(t_ptr + g)
                 xs = tl.load(xs_ptr + g)
             if STAGE == 1:
-                bits ^= wc
+                w = tl.reshape(wc, (BN, GC, 8))
                 for s in tl.static_range(4):
                     ap = a_ptr + g[:, None] * 32 + s * 8 + j[None, :]
                     if MASKED:
                         a = tl.load(ap, mask=g_ok[:, None], other=0)
                     else:
                         a = tl.load(ap)
-                    bits ^= tl.reshape(a, (GC * 8,))[None, :]
+                    w = w ^ a[None, :, :]
+                bits ^= tl.xor_sum(w, axis=2)
                 idot += t[None, :]
                 lanes += ws * xs[None, :]
             else:
@@ -114,7 +121,8 @@ def _stage_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, 
 
 def launch(stage: str, q, xs, t, w, out, cfg, *, pdl: bool, count, part):
     """One call of stage `stage` (STAGES) on quantized activations (q, xs, t of
-    prepare.quantize_q8(order="plane")); cfg: gemv.config's; part: fp32 [SPLIT * N] partials and
+    prepare.quantize_q8(order="plane")); returns the launched kernel (its n_regs, n_spills and
+    metadata.shared give its occupancy). cfg: gemv.config's; part: fp32 [SPLIT * N] partials and
     count: int32 [row tiles] zeroed counters where cfg["SPLIT"] > 1 (full puts them back to 0)."""
     if cfg["DEPTH"] not in (1, 2):
         raise ValueError(f"gemv_stages: DEPTH {cfg['DEPTH']} not supported (1 or 2)")
@@ -122,7 +130,7 @@ def launch(stage: str, q, xs, t, w, out, cfg, *, pdl: bool, count, part):
     bn, gc, split, per = cfg["BN"], cfg["GC"], cfg["SPLIT"], cfg["groups_per_split"]
     st = w.strides
     prepared = w.layout == "prepared"
-    _stage_kernel[(triton.cdiv(n, bn), split)](
+    return _stage_kernel[(triton.cdiv(n, bn), split)](
         q[0].view(torch.int32), xs[0], t[0],
         w.codes_i32 if prepared else w.codes_u8, w.scales_f16, out, out.stride(1),
         part if split > 1 else out, count if split > 1 else t[0],
