@@ -68,20 +68,15 @@ def thunks(x, ws, outs, stages=False):
     return out, count
 
 
-def occupancies(x, w, out) -> dict:
-    """{stage: registers, spills, programs an SM} of each gemv_stages kernel as launched for this
-    shape (a stage's time is its work at its own occupancy: gemv_stages.py's docstring)."""
+def occupancies(parts: dict, num_warps: int) -> dict:
+    """{stage: registers, spills, programs an SM} of each gemv_stages kernel, from one call of its
+    first thunk (a stage's time is its work at its own occupancy: gemv_stages.py's docstring)."""
     from pq2verify.sm90 import resources
-    cfg = gemv.config(w.n, w.k, 1)
-    split = cfg["SPLIT"]
-    count = torch.zeros(-(-w.n // cfg["BN"]), dtype=torch.int32, device=x.device)
-    part = torch.empty(split * w.n, dtype=torch.float32, device=x.device)
-    q, xs, t = prepare.quantize_q8(x, order="plane")
     fit = {}
     for st in gemv_stages.STAGES:
-        k = gemv_stages.launch(st, q, xs, t, w, out, cfg, pdl=True, count=count, part=part)
+        k = parts["stage " + st][0]()      # the thunk returns the launched kernel
         fit[st] = {"registers": k.n_regs, "spills": k.n_spills,
-                   "programs_per_sm": resources.occupancy(k.n_regs, k.metadata.shared, cfg["num_warps"])[0]}
+                   "programs_per_sm": resources.occupancy(k.n_regs, k.metadata.shared, num_warps)[0]}
     torch.cuda.synchronize()
     return fit
 
@@ -122,7 +117,7 @@ def main():
         # the stages that must give gemv's bits: full, and fold where the shape has one split
         stage_bits, stage_fit = {}, {}
         if args.stages:
-            stage_fit = occupancies(x, ws[0], outs[0])
+            stage_fit = occupancies(parts, gemv.config(sh.n, sh.k, 1)["num_warps"])
             for st in ("fold", "full") if gemv.config(sh.n, sh.k, 1)["SPLIT"] == 1 else ("full",):
                 outs[0].fill_(float("nan"))
                 graphs["stage " + st].graph.replay()

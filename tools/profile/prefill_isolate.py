@@ -27,13 +27,11 @@ SM clock and cycles a call (µs x MHz). Per shape and M: the fold's share (full 
 planes' share (full - noplanes), the quantize's (path - full), and mma_only against the MMA work
 at peak scaled to the clock read while mma_only ran (2MNK / 1979e12 * 1980 / MHz).
 
-The SM clock is read while each timed sample replays: once the sample's replays are enqueued
-and until its end event completes, every --clock-ms, by NVML (pq2verify.bench.timing.
-nvml_reader) or, without pynvml, by nvidia-smi (tens of ms a read: samples of 500 ms); a reading is
-kept only if the replays were still running when it returned, so it is of the GPU busy with
-that row. A row's clock is the median of its readings over all rounds (their count and range
-are recorded; none kept: the clock columns read n/a). nvidia-smi's clocks are recorded at
-start and end too.
+The SM clock is read by the bench's instruments (pq2verify.bench.timing: nvml_reader, and a
+Sampler tagged with the row while its sample's replays run, reading every --clock-ms). A row's
+clock is the median of its readings over all rounds (their count and range are recorded;
+without NVML the clock columns read n/a and the JSON says why). nvidia-smi's clocks are
+recorded at start and end too.
 
 Each round times every row once (the order reversed every other round), so drift hits all
 rows alike. Writes JSON after each shape; shapes not started once --budget-s has passed are
@@ -45,7 +43,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -62,7 +59,7 @@ from pq2verify import inputs, registry
 from pq2verify.bench import plan
 from pq2verify.bench.plan import INT8_PEAK_TOPS
 from pq2verify.bench.sweep import capture, clocks, pq2_shape_names
-from pq2verify.bench.timing import nvml_reader
+from pq2verify.bench.timing import Sampler, nvml_reader
 from pq2verify.cli import positive_float, positive_int, positive_ints
 
 PEAK_MHZ = 1980.0       # the clock INT8_PEAK_TOPS is quoted at
@@ -174,58 +171,21 @@ def variant_call(q, xs_t, w, out, cfg: dict, planes: int, fold: int):
     return call
 
 
-class ClockReads:
-    """SM clock readings taken while a timed sample's replays run: by NVML when pynvml is
-    there, else by nvidia-smi (tens of ms a read: main() lengthens the samples)."""
-
-    def __init__(self, interval_s: float):
-        self.interval = interval_s
-        read, why = nvml_reader()
-        if read is not None:
-            self.read, self.how = (lambda: read()["sm_mhz"]), "NVML"
-        else:
-            self.read, self.how = self._smi, f"nvidia-smi ({why})"
-
-    @staticmethod
-    def _smi() -> float:
-        # this GPU by its PCI address (nvidia-smi's indices ignore CUDA_VISIBLE_DEVICES)
-        p = torch.cuda.get_device_properties(torch.cuda.current_device())
-        sel = []
-        if getattr(p, "pci_bus_id", None) is not None:
-            dom, dev = getattr(p, "pci_domain_id", 0), getattr(p, "pci_device_id", 0)
-            sel = ["-i", f"{dom:08X}:{p.pci_bus_id:02X}:{dev:02X}.0"]
-        out = subprocess.run(["nvidia-smi", *sel, "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-        return float(out.split()[0])
-
-    def during(self, timer, into: list):
-        """A callback for GraphTimer.sample: read until the sample's end event completes,
-        keeping a reading only if the replays were still running when it came back."""
-        def poll():
-            while not timer.end.query():
-                try:
-                    v = self.read()
-                except Exception:   # a failed read loses one reading, never the timing
-                    v = None
-                if v is not None and not timer.end.query():
-                    into.append(v)
-                time.sleep(self.interval)
-        return poll
-
-
-def time_rows(timers: dict, rounds: int, sample_ms: float, clk: ClockReads) -> dict:
-    """{label: {"times_s": [seconds a call per round], "mhz": [readings], "reps": n}}: one
-    warm-up sample sizes each row's replays to about sample_ms, then every row once a round."""
+def time_rows(timers: dict, rounds: int, sample_ms: float, smp: Sampler) -> dict:
+    """{label: {"times_s": [seconds a call per round], "reps": n}}: one warm-up sample sizes each
+    row's replays to about sample_ms, then every row once a round (the order reversed every
+    other round), the sampler tagged with the row while its replays run."""
     reps = {}
     for lab, t in timers.items():
         est_us = t.sample(1)
         reps[lab] = min(MAX_REPS, max(1, math.ceil(sample_ms * 1e3 / max(est_us, 1e-3))))
-    res = {lab: {"times_s": [], "mhz": [], "reps": reps[lab]} for lab in timers}
+    res = {lab: {"times_s": [], "reps": reps[lab]} for lab in timers}
     labels = list(timers)
     for r in range(rounds):
         for lab in (labels if r % 2 == 0 else labels[::-1]):
-            t = timers[lab]
-            us = t.sample(reps[lab], during=clk.during(t, res[lab]["mhz"]))
+            smp.mark(lab)
+            us = timers[lab].sample(reps[lab], during=smp.poll)
+            smp.mark(None)
             res[lab]["times_s"].append(us / 1e6 / COPIES)
     return res
 
@@ -234,7 +194,7 @@ def bits_equal(a, b) -> bool:
     return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
 
 
-def measure(name, n, k, m, ws, ds, args, clk, t0) -> dict:
+def measure(name, n, k, m, ws, ds, args, smp, t0) -> dict:
     """Every row of one shape at one M: build, check full's bits, time, summarize."""
     x = inputs.activations(m, k, seed=1, device="cuda")
     outs = [torch.empty(m, n, dtype=x.dtype, device="cuda") for _ in range(COPIES)]
@@ -270,29 +230,31 @@ def measure(name, n, k, m, ws, ds, args, clk, t0) -> dict:
             torch.cuda.synchronize()
     for lab, e in errors.items():
         print(f"{name:8s} M={m:5d} {lab:9s} ERROR {e}", flush=True)
-    raw = time_rows(timers, args.rounds, args.sample_ms, clk) if timers else {}
+    raw = time_rows(timers, args.rounds, args.sample_ms, smp) if timers else {}
     for t in timers.values():
         t.close()
     del timers, thunks, outs, q, xs_t
     torch.cuda.empty_cache()
-    rows, derived = summarize(name, m, n, k, raw, same, t0)
+    rows, derived = summarize(name, m, n, k, raw, {lab: smp.summary(lab) for lab in raw}, same, t0)
     return {"n": n, "k": k, "m": m, "config": cfg, "bits_equal_path": same, "rows": rows, "derived": derived,
             "errors": errors}
 
 
-def summarize(name, m, n, k, raw: dict, same, t0: float) -> tuple[dict, dict]:
-    """(rows, derived) of time_rows' result, printed: one line a row, then the shares."""
+def summarize(name, m, n, k, raw: dict, reads: dict, same, t0: float) -> tuple[dict, dict]:
+    """(rows, derived) of time_rows' result and each row's clock readings (Sampler.summary),
+    printed: one line a row, then the shares."""
     work = 2 * m * n * k
     rows = {}
     for lab, r in raw.items():
         ts = r["times_s"]
         t = statistics.median(ts)
-        mhz = statistics.median(r["mhz"]) if r["mhz"] else None
+        clk = reads[lab].get("sm_mhz")
+        mhz = clk["median"] if clk else None
         rows[lab] = {"us": t * 1e6, "min_us": min(ts) * 1e6, "max_us": max(ts) * 1e6,
                      "us_rounds": [v * 1e6 for v in ts],
                      "tops": work / t / 1e12, "peak": work / t / 1e12 / INT8_PEAK_TOPS,
-                     "sm_mhz": mhz, "sm_mhz_range": [min(r["mhz"]), max(r["mhz"])] if r["mhz"] else None,
-                     "clock_reads": len(r["mhz"]), "cycles": t * 1e6 * mhz if mhz else None, "reps": r["reps"]}
+                     "sm_mhz": mhz, "sm_mhz_range": [clk["min"], clk["max"]] if clk else None,
+                     "clock_reads": reads[lab]["n"], "cycles": t * 1e6 * mhz if mhz else None, "reps": r["reps"]}
     base = rows.get("cublas", {}).get("us")
     for row in rows.values():
         row["x_cublas"] = base / row["us"] if base else None
@@ -330,9 +292,8 @@ def main():
     ap.add_argument("--shapes", type=pq2_shape_names, default=None, help="PQ2 shape names (default: all six)")
     ap.add_argument("--m", type=positive_ints, default=[2048], help="token counts, comma-separated")
     ap.add_argument("--rounds", type=positive_int, default=3)
-    ap.add_argument("--sample-ms", type=positive_float, default=None,
-                    help="replays of a timed sample last about this long (capped at 1000 replays; default "
-                         "50, or 500 when the clock is read by nvidia-smi)")
+    ap.add_argument("--sample-ms", type=positive_float, default=50.0,
+                    help="replays of a timed sample last about this long (capped at 1000 replays)")
     ap.add_argument("--clock-ms", type=positive_float, default=2.0,
                     help="SM clock reads this far apart during a sample")
     ap.add_argument("--budget-s", type=positive_float, default=300.0,
@@ -352,15 +313,13 @@ def main():
     shapes = {nm: sh for nm, sh in plan.step_shapes().items() if not sh.dense}
     names = args.shapes or list(shapes)
     layout = registry.get("mmq_wgmma").layouts[-1]
-    clk = ClockReads(args.clock_ms / 1e3)
-    if args.sample_ms is None:
-        args.sample_ms = 50.0 if clk.how == "NVML" else 500.0
+    read, why = nvml_reader()
     t0 = time.time()
-    res = {"device": torch.cuda.get_device_name(), "clocks_start": clocks(), "clock_read_by": clk.how,
+    res = {"device": torch.cuda.get_device_name(), "clocks_start": clocks(), "clock_read_by": "NVML" if read else why,
            "args": {"m": args.m, "rounds": args.rounds, "sample_ms": args.sample_ms, "clock_ms": args.clock_ms,
                     "copies": COPIES},
            "shapes": {}, "skipped": []}
-    print(f"{res['device']}; clocks {res['clocks_start']}; SM clock read by {clk.how}", flush=True)
+    print(f"{res['device']}; clocks {res['clocks_start']}; SM clock read by {res['clock_read_by']}", flush=True)
     for i, name in enumerate(names):
         if time.time() - t0 > args.budget_s:
             res["skipped"] = names[i:]
@@ -370,7 +329,8 @@ def main():
         n, k = sh.n, sh.k
         ws = [inputs.ternary_weight(n, k, seed=c, device="cuda", layout=layout) for c in range(COPIES)]
         ds = [inputs.dense_weight(n, k, seed=c, device="cuda") for c in range(COPIES)]
-        res["shapes"][name] = {str(m): measure(name, n, k, m, ws, ds, args, clk, t0) for m in args.m}
+        with Sampler(read, args.clock_ms / 1e3, why) as smp:
+            res["shapes"][name] = {str(m): measure(name, n, k, m, ws, ds, args, smp, t0) for m in args.m}
         del ws, ds
         torch.cuda.empty_cache()
         print(f"{name:8s} done [{time.time() - t0:.0f}s]", flush=True)
