@@ -118,6 +118,30 @@ def test_gate_blocks_a_wrong_kernel(fakes, path, why):
     assert g.detail["repro"].startswith("./pq2 check --case fake_")
 
 
+def test_a_gate_whose_eager_run_after_it_raises_is_blocked(fakes, monkeypatch):
+    """record_output: once the checks pass, the path runs once more, eagerly (no out=), and its
+    output's fingerprint is kept for the check after timing. A kernel right under the checks
+    (every call there writes into out=) that raises on that eager call has no fingerprint to
+    hold the timing to: the gate blocks, naming the eager run; the right kernel passes with a
+    fingerprint. Kills bench/gate.py:52 `Gate(case.path, False, ...)` -> `True` in the except."""
+    def eager_raises(x, w, *, out=None, dots=None):
+        if out is None:
+            raise RuntimeError("eager launch failed (fake)")
+        return _right(x, w, out=out)
+    mod = types.ModuleType("fake_kernels_fake_eager_raises")
+    mod.run = eager_raises
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(registry.BY_NAME, "fake_eager_raises",
+                        registry.Path("fake_eager_raises", mod.__name__, "tuned", 1, None, arithmetic="floating",
+                                      reference="dense", has_dots=False))
+    for path, ok in (("fake_right", True), ("fake_eager_raises", False)):
+        case = bench.bench_case(path, SMALL, 2, Config())
+        g = bench.gate(case, checks.Inputs(case, "cpu"), "cpu", reruns=1, record_output=True)
+        assert g.ok is ok and g.status == ("PASS" if ok else "BLOCKED"), (path, g.reason)
+        assert (g.output_print is not None) is ok, (path, g.output_print)
+    assert g.reason == "the eager run after the gate raised RuntimeError: eager launch failed (fake)", g.reason
+
+
 class GatedFakeTime(bench.RealEnv):
     """Real gates on the CPU, fixed paths per kernel set, fake timers that record what was built."""
 

@@ -616,3 +616,24 @@ def test_a_case_capture_may_hold_its_model_capture_folder(tiny, tmp_path):
                                                            "files": {}, "cases": [], "records": []}))
     with pytest.raises(golden.GoldenIntegrityError, match="does not list: stray.bin"):
         golden.load(d / "model")
+
+
+def test_a_case_off_its_capture_and_off_its_own_rerun_reports_both(tiny):
+    """The first recomputation one ulp off the capture at [0, 0], the second one ulp off at
+    [1, 1] instead: 'different', and the detail keeps the capture's difference (first at [0, 0],
+    vs captured) before the rerun's (not deterministic). Kills golden/verifying.py:187
+    `detail and status == "different"` -> `!=` (the capture's difference would be dropped)."""
+    run = registry.get(EXACT.path).kernel()
+    calls = []
+
+    def drifting(x, w, *, out=None, dots=None):
+        y = run(x, w, out=out)
+        i = len(calls)
+        calls.append(i)
+        y.view(torch.int16)[i, i] += 1
+        return y
+    (o,) = golden.verify(golden.load(tiny), DEVICE, ids=[EXACT.id], kernel=drifting)
+    assert len(calls) == 2 and o.status == "different", (calls, o.status, o.detail)
+    first, _, rerun = o.detail.partition("; a rerun gave other bytes (not deterministic): ")
+    assert "1 of " in first and "first at [0, 0]" in first and "vs captured" in first, o.detail
+    assert "first at [0, 0]" in rerun and "vs the first run" in rerun, o.detail

@@ -79,6 +79,27 @@ def test_the_worst_delta_is_the_largest_over_all_questions():
     assert s["worst"]["id"] == 2 and s["worst"]["dlp"] == pytest.approx(0.9), (s["worst"], repro(t))
 
 
+def test_a_questions_largest_delta_is_its_magnitude_where_it_is_negative():
+    """Two steps: A's token at log p -0.5 then -0.5 under A, -0.75 then -0.375 under B: deltas
+    -0.25 and +0.125. The question's largest |delta log p| is 0.25 at step 0 (a drop), recorded
+    as 0.25, not -0.25. Kills gsm8k/floor.py:70 `"max_dlp": abs(dlp[i])` -> `dlp[i]`."""
+    t = "test_a_questions_largest_delta_is_its_magnitude_where_it_is_negative"
+    r = {"tokens": [5, 6], "topk": [[[5, -0.5]], [[6, -0.5]]],
+         "teacher": {"b": {"kl": [0.0, 0.0], "top1": [True, True], "lpk": [[-0.75], [-0.375]]}}}
+    q = floor.teacher({1: r}, "b")["per_question"][1]
+    assert q["step"] == 0 and q["max_dlp"] == 0.25, (q, repro(t))
+
+
+def test_the_median_question_kl_is_the_middle_one():
+    """Five questions with mean KL 5, 1, 4, 2, 3 (one step each): sorted 1..5, the median is 3.
+    Kills gsm8k/floor.py:79 `kls[len(kls) // 2]` -> `// 3` (it would read 2)."""
+    t = "test_the_median_question_kl_is_the_middle_one"
+    recs = {q: {"tokens": [5], "topk": [[[5, -0.5]]],
+                "teacher": {"b": {"kl": [float(kl)], "top1": [True], "lpk": [[-0.5]]}}}
+            for q, kl in enumerate([5, 1, 4, 2, 3])}
+    assert floor.teacher(recs, "b")["median_question_kl"] == 3.0, repro(t)
+
+
 # --- flips against the floor's drift -----------------------------------------------------------
 def _rec(tokens, topk, answer, correct=False, teacher=None):
     r = {"tokens": tokens, "topk": topk, "answer": answer, "correct": correct, "invalid": False,
@@ -193,3 +214,14 @@ def test_a_teacher_forced_top1_change_alone_is_an_output_difference():
               "teacher": {"f": {"kl": [0.0, 0.0], "top1": [True, False], "lpk": [[-0.1], [-0.2]]}}}}
     rf = {0: {"tokens": [1, 2], "topk": [[[1, -0.1]], [[2, -0.2]]]}}
     assert "top-1" in (switch._outputs_differ(ra, rf, "f") or ""), repro(t)
+
+
+def test_a_step_past_the_floors_recorded_steps_has_no_drift():
+    """The floor followed A for one step (lpk of step 0 only); a flip at step 1 has no recorded
+    drift there: None (n/a), never an index past the record. Kills gsm8k/floor.py:126 `step >=
+    len(t["lpk"])` -> `step > len(...)`."""
+    t = "test_a_step_past_the_floors_recorded_steps_has_no_drift"
+    top_a = [[[1, -0.125], [2, -3.0]], [[7, -0.5], [8, -0.75]]]
+    a = _rec([1, 7], top_a, "1", teacher={"f": {"kl": [0], "top1": [True], "lpk": [[-0.125, -3.0]]}})
+    assert floor.floor_drift(a, "f", 1, 7, 8) is None, repro(t)
+    assert floor.floor_drift(a, "f", 0, 1, 2) == 0.0, repro(t)      # step 0 is recorded: F moved nothing

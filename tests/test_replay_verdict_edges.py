@@ -6,6 +6,7 @@ only come from the planted statistic or plan."""
 import math
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,3 +100,97 @@ def test_a_deterministic_path_whose_bytes_differ_from_its_own_run_fails_the_clai
     a, b = replay.Out("int_gemv", y, None), replay.Out("int_gemv", moved, None)
     assert verdicts.CLAIM_AB in replay.pair_metrics(a, b, None)["failed"], repro(t)
     assert not replay.pair_metrics(a, replay.Out("int_gemv", y.clone(), None), None)["failed"], repro(t)
+
+
+def test_a_bias_statistic_exactly_at_the_threshold_passes(planted_t, cpu_only):
+    """Each test is |t| <= z (BIAS_WHY): one call of one kind, 2 * (1 + 1) = 4 tests, z =
+    Phi^-1(1 - alpha / 8); t = z and -z on every call (so the pooled Z = t / sqrt 1 too) is
+    within. Kills replay.py:582 `not abs(r[stat]) <= z` -> `< z` (and the pooled test's alike)."""
+    t = "test_a_bias_statistic_exactly_at_the_threshold_passes"
+    z = statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * 4))
+    planted_t((z, -z))
+    res = _run()
+    assert res["bias_threshold"] == z, repro(t)
+    assert res["ok"] and not res["calls"][0]["failures"], (res["calls"][0]["failures"], repro(t))
+
+
+def test_the_q8_error_of_an_integer_path_is_recorded(cpu_only):
+    """int_gemv is judged against the quantized reference Q, so its dense check computes the
+    exact Q8 arithmetic's own error e_Q = ||Q - D|| / ||D|| (numerics.Q8_WHY); side_metrics keeps
+    it. Here from the FP64 references themselves. Kills replay.py:504 `v.q8_error is not None`
+    -> `is None` (it would record None)."""
+    t = "test_the_q8_error_of_an_integer_path_is_recorded"
+    w = inputs.ternary_weight(256, 256, 5, "cpu", "prepared")
+    x = inputs.activations(1, 256, 6, "normal", torch.bfloat16, "cpu")
+    c = replay.Call(f"{LAYER}/0", LAYER, replay.kind_of(LAYER), 0, x)
+    refs = replay.References([c], {LAYER: w})
+    y = registry.get("int_gemv").kernel()(x, w, out=torch.empty(1, 256, dtype=torch.bfloat16))
+    q, d = refs.get(c, "quantized"), refs.get(c, "dense")
+    want = float(np.linalg.norm((q - d).ravel()) / np.linalg.norm(d.ravel()))
+    assert 0 < want < 0.1, f"precondition: Q8 differs from dense and by little ({want}); {repro(t)}"
+    r = replay.side_metrics(c, replay.Out("int_gemv", y, None, "kernel"), refs)
+    assert r["q8_error"] == pytest.approx(want, rel=1e-12), (r["q8_error"], want, repro(t))
+
+
+def test_calls_biased_the_negative_way_together_fail_the_kind(planted_t, cpu_only):
+    """The pooled test is two-sided too: 4 calls each t = -0.9 z give a pooled Z = -1.8 z, as far
+    below as test_calls_each_under_the_threshold_can_be_biased_together's is above: the kind
+    fails. Kills replay.py:631 `not abs(d[...]) <= z` -> `not d[...] <= z` (only a positive
+    pooled Z would fail)."""
+    t = "test_calls_biased_the_negative_way_together_fail_the_kind"
+    z = statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * 2 * (4 + 1)))
+    planted_t((0.0, -0.9 * z))
+    res = _run(4)
+    assert not any(c["failures"] for c in res["calls"]), ([c["failures"] for c in res["calls"]], repro(t))
+    kind = res["kinds"][replay.kind_of(LAYER)]
+    assert kind["a_t_offset"] == pytest.approx(-1.8 * z) and verdicts.BIAS in kind["failed"], (kind, repro(t))
+    assert not res["ok"], repro(t)
+
+
+def test_batched_calls_are_pooled_at_the_smallest_m(monkeypatch, cpu_only):
+    """Without M = 1 calls the pooled bias reads each weight's first call at the smallest M
+    (its distinct rows are every captured row, once). Two layers of one kind, 3 captured rows
+    each, batched at M = 2 and 4 (2 calls each: 8 calls, z over 2 * (8 + 1) tests); planted t =
+    0.9 z on the M = 4 calls (3 distinct rows) and 0 on the M = 2 ones (2 distinct rows): each call
+    is under z, the pool over the M = 2 calls is 0 and passes, where a pool over the M = 4 calls
+    would be 2 * 0.9 z / sqrt 2 = 1.27 z and fail. Kills replay.py:620 `min(r["m"] ...)` -> `max`."""
+    t = "test_batched_calls_are_pooled_at_the_smallest_m"
+    z = statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * 2 * (8 + 1)))
+    monkeypatch.setattr(replay, "bias", lambda y64, ref, dt: (0.9 * z if y64.shape[0] == 3 else 0.0, 0.0))
+    layers = [LAYER, LAYER.replace(".0.", ".1.")]
+    ws = {layer: inputs.ternary_weight(256, 256, 5 + i, "cpu", "prepared") for i, layer in enumerate(layers)}
+    captured = [replay.Call(f"{layer}/{p}", layer, replay.kind_of(layer), p,
+                            inputs.activations(1, 256, 10 * i + p, "normal", torch.bfloat16, "cpu"))
+                for i, layer in enumerate(layers) for p in range(3)]
+    calls = replay.batched(captured, (2, 4))
+    assert sorted(c.x.shape[0] for c in calls) == [2] * 4 + [4] * 4, repro(t)
+    refs = replay.References(calls, ws)
+    outs_a, outs_b = [], []
+    for c in calls:
+        y = registry.get("int_gemv").kernel()(c.x, ws[c.layer], out=torch.empty(c.x.shape[0], 256, dtype=torch.bfloat16))
+        outs_a.append(replay.Out("int_gemv", y, None, "kernel"))
+        outs_b.append(replay.Out("gemv", y.clone(), None, "kernel"))
+    res = replay.evaluate(calls, refs, outs_a, outs_b)
+    assert res["bias_threshold"] == pytest.approx(z), repro(t)
+    assert not any(c["failures"] for c in res["calls"]), ([c["failures"] for c in res["calls"]], repro(t))
+    kind = res["kinds"][replay.kind_of(LAYER)]
+    assert kind["a_t_scale"] == 0.0 and res["ok"], (kind, repro(t))
+
+
+def test_a_single_call_control_in_the_fold_order_of_a_is_void(cpu_only):
+    """K = 128 is one group: the control's reversed order (groups G-1..0) is int_gemv's own, and
+    its bits here are A's. With a single call the run fails as void on both counts and names
+    that call. Kills replay.py:612 `same_fold[0]` -> `same_fold[1]` (no second call to name)."""
+    t = "test_a_single_call_control_in_the_fold_order_of_a_is_void"
+    w = inputs.ternary_weight(256, 128, 5, "cpu", "prepared")
+    x = inputs.activations(1, 128, 6, "normal", torch.bfloat16, "cpu")
+    c = replay.Call(f"{LAYER}/0", LAYER, replay.kind_of(LAYER), 0, x)
+    refs = replay.References([c], {LAYER: w})
+    y = registry.get("int_gemv").kernel()(x, w, out=torch.empty(1, 256, dtype=torch.bfloat16))
+    fault = replay.Fault(replay.CONTROL, [LAYER], LAYER)
+    res = replay.evaluate([c], refs, [replay.Out("int_gemv", y, None, "kernel")],
+                          [replay.Out("gemv", y.clone(), None, "kernel")], fault)
+    assert res["control"]["same_fold_as_a"] == 1 and res["control"]["outputs_differ_from_a"] == 0, (res["control"],
+                                                                                                    repro(t))
+    assert not res["ok"] and res["failed"] == [verdicts.VOID_CONTROL] * 2, (res["failures"], repro(t))
+    assert f"e.g. {c.key}" in res["failures"][0], (res["failures"], repro(t))
