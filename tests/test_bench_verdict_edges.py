@@ -106,7 +106,7 @@ def _legacy_row(b_over_a: dict) -> dict:
 def test_a_tuned_path_twice_as_slow_as_legacy_is_slower_outside_noise():
     """gemv (tuned, counterpart int_gemv) at 0.5x of int_gemv, interval [0.48, 0.52]: slower,
     not within noise, and assess's target says NO; at 0.95x with [0.9, 1.1] it is slower but
-    the interval crosses 1 (within noise)."""
+    the interval includes 1 (within noise)."""
     t = "test_a_tuned_path_twice_as_slow_as_legacy_is_slower_outside_noise"
     slow = _legacy_row({"median": 0.5, "lo": 0.48, "hi": 0.52, "min": 0.47, "max": 0.53, "n": 9})
     p = verdicts.slower_than_legacy([slow], Config())
@@ -420,6 +420,19 @@ def test_the_tuned_side_is_where_tuned_is():
     t = "test_the_tuned_side_is_where_tuned_is"
     assert verdicts.tuned_side(Config()) == "b", repro(t)
     assert verdicts.tuned_side(Config(a="tuned", b="legacy")) == "a", repro(t)
+
+
+def test_an_interval_reaching_1_is_within_noise_as_in_stats_verdict():
+    """An interval [0.9, 1.0] or [1.0, 1.1] contains 1, so the tuned path is not shown slower
+    beyond noise; stats.verdict reads an interval touching its band the same way. [0.9, 0.999]
+    excludes 1."""
+    t = "test_an_interval_reaching_1_is_within_noise_as_in_stats_verdict"
+    for lo, hi, within in ((0.9, 1.0, True), (1.0, 1.1, True), (0.9, 0.999, False)):
+        r = _legacy_row({"median": 0.95 if hi <= 1 else 1.05, "lo": lo, "hi": hi, "min": lo, "max": hi, "n": 9})
+        p = verdicts.slower_than_legacy([r], Config())
+        assert p[0]["within_noise"] is within, (lo, hi, p, repro(t))
+    band = stats.verdict({"lo": 0.9, "hi": 1.0}, None)
+    assert band == "within noise", (band, repro(t))
 
 
 def test_a_tuned_path_exactly_as_fast_as_legacy_is_not_slower():

@@ -451,7 +451,7 @@ def summary_lines(res: dict) -> list:
         if p["slower"]:
             out.append(f"{p['tuned']} vs {p['legacy']} at {p['shape']} M={p['m']}: {ratio_cell(p['speedup'])} "
                        f"-> slower than legacy: remove from tuned selection"
-                       + (" (interval crosses 1: confirm with a fresh run)" if p["within_noise"] else ""))
+                       + (" (interval includes 1: confirm with a fresh run)" if p["within_noise"] else ""))
     aa = res.get("noise")
     out.append(f"noise floor (A/A row, the control against itself): {ratio_cell(aa)}" if aa else
                "noise floor: no A/A row timed in this run (verdicts against 1 alone)")
@@ -554,7 +554,7 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
         L += ["", "## Tuned paths against their legacy counterparts", ""]
         L += _md_table(("shape", "M", "tuned", "legacy", "speedup [range]", "verdict"),
                        [[p["shape"], p["m"], p["tuned"], p["legacy"], ratio_cell(p["speedup"]),
-                         p["verdict"] + (" (range crosses 1)" if p["within_noise"] else "")]
+                         p["verdict"] + (" (range includes 1)" if p["within_noise"] else "")]
                         for p in sorted(pairs, key=lambda p: (p["shape"], p["m"]))])
     bwr = next((r for r in res["rows"] if r.get("kind") == "bandwidth"), None)
     if bwr and bwr.get("probes"):

@@ -43,7 +43,8 @@ def slower_than_legacy(rows: list, cfg: Config) -> list:
                 continue
             verdict = ("faster" if sp["median"] >= 1 else "slower than legacy: remove from tuned selection")
             lo, hi = (sp["lo"], sp["hi"]) if "lo" in sp else (sp["min"], sp["max"])
-            noise = lo < 1 < hi
+            # closed, as stats.verdict's band: an interval that reaches 1 does not exclude it
+            noise = lo <= 1 <= hi
             out.append({"shape": r["shape"], "m": r["m"], "tuned": ps, "legacy": po, "speedup": sp,
                         "slower": sp["median"] < 1, "within_noise": noise, "verdict": verdict})
     return out
