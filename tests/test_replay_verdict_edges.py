@@ -194,3 +194,26 @@ def test_a_single_call_control_in_the_fold_order_of_a_is_void(cpu_only):
                                                                                                     repro(t))
     assert not res["ok"] and res["failed"] == [verdicts.VOID_CONTROL] * 2, (res["failures"], repro(t))
     assert f"e.g. {c.key}" in res["failures"][0], (res["failures"], repro(t))
+
+
+def test_the_control_fold_is_judged_at_each_calls_m(cpu_only, monkeypatch):
+    """The void-control check asks A's fold order at the call's M (its rows, x.shape[0] = 2),
+    never at its depth (K = 256). A and B run different paths, so the A/B same-fold check asks
+    no fold order (the path names differ first): the one fold_plan is the control's, at M = 2."""
+    t = "test_the_control_fold_is_judged_at_each_calls_m"
+    w = inputs.ternary_weight(256, 256, 5, "cpu", "prepared")
+    x = inputs.activations(2, 256, 6, "normal", torch.bfloat16, "cpu")
+    c = replay.Call(f"{LAYER}/M2.0", LAYER, replay.kind_of(LAYER), "M2", x)
+    refs = replay.References([c], {LAYER: w})
+    y = registry.get("int_gemv").kernel()(x, w, out=torch.empty(2, 256, dtype=torch.bfloat16))
+    asked = []
+    real = replay.fold_plan
+
+    def recording(path, m, w_, key):
+        asked.append(m)
+        return real(path, m, w_, key)
+    monkeypatch.setattr(replay, "fold_plan", recording)
+    fault = replay.Fault(replay.CONTROL, [LAYER], LAYER)
+    replay.evaluate([c], refs, [replay.Out("int_gemv", y, None, "kernel")],
+                    [replay.Out("small_mma", y.clone(), None, "kernel")], fault)
+    assert asked == [2], (asked, repro(t))
