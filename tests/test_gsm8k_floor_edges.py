@@ -100,6 +100,21 @@ def test_the_median_question_kl_is_the_middle_one():
     assert floor.teacher(recs, "b")["median_question_kl"] == 3.0, repro(t)
 
 
+def test_a_tie_for_the_worst_question_names_the_first_in_question_order():
+    """Questions 3, 7 and 9, A's token at log p -0.5 at every step; under B, question 3's two
+    steps at 0.0 and -1.0, 7's one at -1.0, 9's at -0.75: |delta log p| (0.5, 0.5), 0.5, 0.25.
+    Questions 3 and 7 tie; the first in order, 3, is the worst, at its first step of the two
+    that tie, whatever order the records came in."""
+    t = "test_a_tie_for_the_worst_question_names_the_first_in_question_order"
+
+    def rec(*lps):
+        return {"tokens": [5] * len(lps), "topk": [[[5, -0.5]]] * len(lps),
+                "teacher": {"b": {"kl": [0.0] * len(lps), "top1": [True] * len(lps), "lpk": [[lp] for lp in lps]}}}
+    recs = {9: rec(-0.75), 7: rec(-1.0), 3: rec(0.0, -1.0)}
+    w = floor.teacher(recs, "b")["worst"]
+    assert w["id"] == 3 and w["dlp"] == 0.5 and w["step"] == 0, (w, repro(t))
+
+
 # --- flips against the floor's drift -----------------------------------------------------------
 def _rec(tokens, topk, answer, correct=False, teacher=None):
     r = {"tokens": tokens, "topk": topk, "answer": answer, "correct": correct, "invalid": False,

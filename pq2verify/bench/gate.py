@@ -28,10 +28,11 @@ _DETAIL = ("rel_rms_quantized", "tol_quantized", "rel_rms_dense", "tol_dense", "
            "claim", "claim_held", "deterministic", "written")
 
 
-def gate(case: checks.Case, inp, device: str, *, reruns: int = 2, repro: bool = True,
-         record_output: bool = False) -> Gate:
+def gate(case: checks.Case, inp, device: str, *, reruns: int, repro: bool = True,
+         record_output: bool) -> Gate:
     """The numerics checks of one case on `inp`, the very inputs that will be timed. Any
-    failure, or a crash of the kernel, blocks the timing. record_output: once passed, the
+    failure, or a crash of the kernel, blocks the timing. reruns and record_output have no
+    default: the bench's profile sets them (bench.envs). record_output: once passed, the
     path runs once more on the same inputs (its reruns were just proven identical) and the
     fingerprint of that output is kept, for the check after timing."""
     detail = {"case": case.id}

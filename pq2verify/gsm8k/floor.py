@@ -56,7 +56,9 @@ def fold_ranges(spec_a: dict, spec_b: dict, device: str, dtype) -> tuple:
 
 
 def teacher(recs: dict, name: str) -> dict | None:
-    """Teacher-forced metrics of follower `name` over the records of its leader."""
+    """Teacher-forced metrics of follower `name` over the records of its leader. The worst
+    question has the largest |delta log p|; on a tie, the first in question order (and in a
+    question, the first step) is named, so a report names the same one every run."""
     per_q, kl_all, agree, n, worst = {}, 0.0, 0, 0, None
     for q, r in sorted(recs.items()):
         t = (r.get("teacher") or {}).get(name)
