@@ -123,7 +123,7 @@ def test_a_gate_whose_eager_run_after_it_raises_is_blocked(fakes, monkeypatch):
     output's fingerprint is kept for the check after timing. A kernel right under the checks
     (every call there writes into out=) that raises on that eager call has no fingerprint to
     hold the timing to: the gate blocks, naming the eager run; the right kernel passes with a
-    fingerprint. Kills bench/gate.py:52 `Gate(case.path, False, ...)` -> `True` in the except."""
+    fingerprint. Kills bench/gate.py `Gate(case.path, False, ...)` -> `True` in the except."""
     def eager_raises(x, w, *, out=None, dots=None):
         if out is None:
             raise RuntimeError("eager launch failed (fake)")

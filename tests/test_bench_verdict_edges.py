@@ -334,7 +334,7 @@ def test_a_nan_round_never_turns_a_slowdown_into_noise():
 # --- closed by a second round of planted faults (each names the mutant it kills) -------------
 def test_a_round_with_a_zero_time_is_dropped_from_the_ratio():
     """Rounds (10, 5), (10, 0), (10, 5): the zero time has no ratio (10 / 0) and is dropped, the
-    other two give 2.0: median 2.0 over n = 2. Kills bench/stats.py:48 `b > 0` -> `b >= 0` (10 / 0
+    other two give 2.0: median 2.0 over n = 2. Kills bench/stats.py `b > 0` -> `b >= 0` (10 / 0
     then raises)."""
     t = "test_a_round_with_a_zero_time_is_dropped_from_the_ratio"
     r = stats.ratio_interval([10.0] * 3, [5.0, 0.0, 5.0])
@@ -352,7 +352,7 @@ def _prefill_row(us: float, bf16_us: float) -> dict:
 def test_the_prefill_target_is_met_at_or_above_its_speedup_over_bf16(us, met):
     """BF16 at 150 µs; the target is >= 1.25x, so at most 150 / 1.25 = 120 µs: 100 µs (1.5x) and
     120 µs (exactly 1.25x) meet it, 150 µs (1.0x) does not, and its gap names the 120 µs needed.
-    Kills bench/verdicts.py:152 `sp["median"] >= TARGET_PREFILL_VS_BF16` -> `<=`."""
+    Kills bench/verdicts.py `sp["median"] >= TARGET_PREFILL_VS_BF16` -> `<=`."""
     t = "test_the_prefill_target_is_met_at_or_above_its_speedup_over_bf16"
     assert TARGET_PREFILL_VS_BF16 == 1.25, repro(t)
     tg = _target({"rows": [_prefill_row(us, 150.0)]}, f"prefill M={PREFILL_M} x: mmq_wgmma >= 1.25x cuBLAS BF16")
@@ -364,7 +364,7 @@ def test_the_prefill_target_is_met_at_or_above_its_speedup_over_bf16(us, met):
 def test_a_step_faster_than_the_speed_of_light_only_beyond_the_band_is_suspicious(lo, suspicious):
     """A/A band [0.99, 1.01]; B's step over its best speed-of-light read with interval low end
     1.01, exactly the band's top: not beyond the noise, not suspicious; at 1.0125 it is.
-    Kills bench/verdicts.py:218 `ci.get("lo", 0) > hi` -> `>=`."""
+    Kills bench/verdicts.py `ci.get("lo", 0) > hi` -> `>=`."""
     t = "test_a_step_faster_than_the_speed_of_light_only_beyond_the_band_is_suspicious"
     row = {"kind": "step", "key": "step:m1", "m": 1, "status": "timed", "sol_best": "sol_pdl_all",
            "sides": {"b": {"path": "gemv", "time": {"median": 1.0}}},
@@ -376,7 +376,7 @@ def test_a_step_faster_than_the_speed_of_light_only_beyond_the_band_is_suspiciou
 
 def test_a_blocked_prefill_row_misses_its_target():
     """A prefill row whose tuned side the gate BLOCKED has no ratio over BF16: the target is not
-    met (False, not unmeasured), and the gap says why. Kills bench/verdicts.py:148 `False if
+    met (False, not unmeasured), and the gap says why. Kills bench/verdicts.py `False if
     blocked else None` -> `True if blocked ...`."""
     t = "test_a_blocked_prefill_row_misses_its_target"
     row = _prefill_row(100.0, 150.0)
@@ -389,7 +389,7 @@ def test_a_blocked_prefill_row_misses_its_target():
 def test_a_zero_time_is_dropped_from_the_unpaired_ratio_and_the_drift():
     """A time of 0 is no sample (_finite keeps x > 0): the control at [0, 10] first and [10, 10]
     last is 10 -> 10, ratio 1.0, not flagged (kept, the first median would be 5: 2x, flagged).
-    Kills bench/stats.py:24 `x > 0` -> `x >= 0`."""
+    Kills bench/stats.py `x > 0` -> `x >= 0`."""
     t = "test_a_zero_time_is_dropped_from_the_unpaired_ratio_and_the_drift"
     d = stats.drift([0.0, 10.0], [10.0, 10.0])
     assert (d["first"], d["ratio"], d["flagged"]) == (10.0, 1.0, False), (d, repro(t))
@@ -397,7 +397,7 @@ def test_a_zero_time_is_dropped_from_the_unpaired_ratio_and_the_drift():
 
 
 def test_the_intervals_tails_are_half_the_missing_level_each():
-    """A two-sided 95% interval leaves 2.5% in each tail; 90% leaves 5%. Kills bench/stats.py:28
+    """A two-sided 95% interval leaves 2.5% in each tail; 90% leaves 5%. Kills bench/stats.py
     `(1 - level) / 2` -> `/ 3`."""
     t = "test_the_intervals_tails_are_half_the_missing_level_each"
     assert stats._q(0.95) == pytest.approx((0.025, 0.975)) and stats._q(0.9) == pytest.approx((0.05, 0.95)), repro(t)
@@ -407,7 +407,7 @@ def test_the_unpaired_interval_resamples_every_new_round():
     """Old 10 µs every round, new rounds 5 and 20 µs: a resample of the new run's two rounds has
     median 5 (1/4 of the time), 12.5 (1/2) or 20 (1/4), so old / new is 2, 0.8 or 0.5, and the
     2.5% and 97.5% points of 4000 resamples are 0.5 and 2.0 (each end holds ~1/4). Kills
-    bench/stats.py:64 `rng.integers(0, b.size, ...)` -> `(1, b.size, ...)` (never the first
+    bench/stats.py `rng.integers(0, b.size, ...)` -> `(1, b.size, ...)` (never the first
     round: 0.5 at both ends)."""
     t = "test_the_unpaired_interval_resamples_every_new_round"
     r = stats.unpaired_ratio([10.0] * 5, [5.0, 20.0])
@@ -415,7 +415,7 @@ def test_the_unpaired_interval_resamples_every_new_round():
 
 
 def test_the_tuned_side_is_where_tuned_is():
-    """legacy vs tuned: B; tuned vs legacy: A. Kills bench/verdicts.py:10 `cfg.b == "tuned"` ->
+    """legacy vs tuned: B; tuned vs legacy: A. Kills bench/verdicts.py `cfg.b == "tuned"` ->
     `!=` (it would name B for tuned vs legacy)."""
     t = "test_the_tuned_side_is_where_tuned_is"
     assert verdicts.tuned_side(Config()) == "b", repro(t)
@@ -437,7 +437,7 @@ def test_an_interval_reaching_1_is_within_noise_as_in_stats_verdict():
 
 def test_a_tuned_path_exactly_as_fast_as_legacy_is_not_slower():
     """gemv at 1.0x and at 1.5x of int_gemv: not slower, verdict 'faster' (>= 1). Kills
-    bench/verdicts.py:44 `sp["median"] >= 1` -> `>= 2` (1.5x would read 'slower than legacy')."""
+    bench/verdicts.py `sp["median"] >= 1` -> `>= 2` (1.5x would read 'slower than legacy')."""
     t = "test_a_tuned_path_exactly_as_fast_as_legacy_is_not_slower"
     for med in (1.0, 1.5):
         row = _legacy_row({"median": med, "lo": med - 0.1, "hi": med + 0.1, "min": med - 0.2, "max": med + 0.2, "n": 9})
@@ -447,7 +447,7 @@ def test_a_tuned_path_exactly_as_fast_as_legacy_is_not_slower():
 
 def test_a_skipped_step_names_why_in_its_target():
     """A step row skipped with a note (not timed): its target is unmeasured (met None) and the gap
-    is the note. Kills bench/verdicts.py:91 `status == "skipped"` -> `!=`."""
+    is the note. Kills bench/verdicts.py `status == "skipped"` -> `!=`."""
     t = "test_a_skipped_step_names_why_in_its_target"
     row = {"kind": "step", "key": "step:m2", "m": 2, "status": "skipped", "note": "M=2 is not served", "sides": {}}
     tg = _target({"rows": [row]}, "decode step M=2: tuned")

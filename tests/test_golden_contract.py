@@ -621,7 +621,7 @@ def test_a_case_capture_may_hold_its_model_capture_folder(tiny, tmp_path):
 def test_a_case_off_its_capture_and_off_its_own_rerun_reports_both(tiny):
     """The first recomputation one ulp off the capture at [0, 0], the second one ulp off at
     [1, 1] instead: 'different', and the detail keeps the capture's difference (first at [0, 0],
-    vs captured) before the rerun's (not deterministic). Kills golden/verifying.py:187
+    vs captured) before the rerun's (not deterministic). Kills golden/verifying.py
     `detail and status == "different"` -> `!=` (the capture's difference would be dropped)."""
     run = registry.get(EXACT.path).kernel()
     calls = []

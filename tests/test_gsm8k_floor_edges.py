@@ -82,7 +82,7 @@ def test_the_worst_delta_is_the_largest_over_all_questions():
 def test_a_questions_largest_delta_is_its_magnitude_where_it_is_negative():
     """Two steps: A's token at log p -0.5 then -0.5 under A, -0.75 then -0.375 under B: deltas
     -0.25 and +0.125. The question's largest |delta log p| is 0.25 at step 0 (a drop), recorded
-    as 0.25, not -0.25. Kills gsm8k/floor.py:70 `"max_dlp": abs(dlp[i])` -> `dlp[i]`."""
+    as 0.25, not -0.25. Kills gsm8k/floor.py `"max_dlp": abs(dlp[i])` -> `dlp[i]`."""
     t = "test_a_questions_largest_delta_is_its_magnitude_where_it_is_negative"
     r = {"tokens": [5, 6], "topk": [[[5, -0.5]], [[6, -0.5]]],
          "teacher": {"b": {"kl": [0.0, 0.0], "top1": [True, True], "lpk": [[-0.75], [-0.375]]}}}
@@ -92,7 +92,7 @@ def test_a_questions_largest_delta_is_its_magnitude_where_it_is_negative():
 
 def test_the_median_question_kl_is_the_middle_one():
     """Five questions with mean KL 5, 1, 4, 2, 3 (one step each): sorted 1..5, the median is 3.
-    Kills gsm8k/floor.py:79 `kls[len(kls) // 2]` -> `// 3` (it would read 2)."""
+    Kills gsm8k/floor.py `kls[len(kls) // 2]` -> `// 3` (it would read 2)."""
     t = "test_the_median_question_kl_is_the_middle_one"
     recs = {q: {"tokens": [5], "topk": [[[5, -0.5]]],
                 "teacher": {"b": {"kl": [float(kl)], "top1": [True], "lpk": [[-0.5]]}}}
@@ -233,7 +233,7 @@ def test_a_teacher_forced_top1_change_alone_is_an_output_difference():
 
 def test_a_step_past_the_floors_recorded_steps_has_no_drift():
     """The floor followed A for one step (lpk of step 0 only); a flip at step 1 has no recorded
-    drift there: None (n/a), never an index past the record. Kills gsm8k/floor.py:126 `step >=
+    drift there: None (n/a), never an index past the record. Kills gsm8k/floor.py `step >=
     len(t["lpk"])` -> `step > len(...)`."""
     t = "test_a_step_past_the_floors_recorded_steps_has_no_drift"
     top_a = [[[1, -0.125], [2, -3.0]], [[7, -0.5], [8, -0.75]]]

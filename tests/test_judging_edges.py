@@ -407,7 +407,7 @@ def test_bits_views_every_element_size(dtype):
     """bits() has a same-size integer view for 1-, 2-, 4- and 8-byte elements (packed uint8
     codes, fp16/bf16 outputs, fp32/int32 dots and scales, int64 dots): one element changed in
     the last of 3 positions is one difference, equal copies are none. For a float dtype the
-    change is +0.0 -> -0.0 (equal as numbers, not as bits). Kills bits.py:6 `_INT`'s key
+    change is +0.0 -> -0.0 (equal as numbers, not as bits). Kills bits.py `_INT`'s key
     1 -> 2, 4 -> 5 and 8 -> 9 (that element size then has no view)."""
     t = "test_bits_views_every_element_size"
     a = torch.zeros(3, dtype=dtype)
@@ -424,7 +424,7 @@ def test_an_error_exactly_at_the_element_bound_passes():
     (T = 3 groups), S = 0, bf16: F = 5 2^-126 and, |Y| + F lying in [2^-123, 2^-122), half a
     spacing 2^-131 (test_underflow_term_of_the_fold_allowance). y = 0 against Y = F + 2^-131
     is an error of exactly the bound (every term a power of two: exact in float64), ratio 1.0.
-    Kills verdicts.py:125 Element.ok `ratio <= 1.0` -> `ratio < 1.0`."""
+    Kills verdicts.py Element.ok `ratio <= 1.0` -> `ratio < 1.0`."""
     t = "test_an_error_exactly_at_the_element_bound_passes"
     p = registry.get("int_gemv")
     ref = np.full((1, 4), 5 * TINY + 2.0 ** -131)
@@ -437,7 +437,7 @@ def test_the_bias_t_of_two_samples_is_computed_not_zero():
     """Two bf16 outputs at Y = 1 (spacing 2^-7) off by 0.25 and 0.5 ulp: u = (0.25, 0.5), mean
     0.375, sd (ddof 1) 0.125 sqrt 2, standard error sd / sqrt 2 = 0.125: t = 3.0 for the scale
     (Y > 0, so z = u) and the offset alike. Only fewer than two samples have no t (0.0).
-    Kills numerics.py:183 `v.size < 2` -> `v.size <= 2`."""
+    Kills numerics.py `v.size < 2` -> `v.size <= 2`."""
     t = "test_the_bias_t_of_two_samples_is_computed_not_zero"
     ref = np.array([[1.0, 1.0]])
     y64 = ref + np.array([[0.25, 0.5]]) * 2.0 ** -7
@@ -450,7 +450,7 @@ def test_within_bound_names_the_element_closest_to_its_bound_either_sign():
     """fp16, captured [1, 1, 1], recomputed [1, 1 + 2^-10, 1 - 3 2^-11], bound 0.01 each: [0, 0]
     is identical, the other two differ and lie within; |diff| / bound is 0.098 at [0, 1] and
     0.146 at [0, 2] (a diff below the capture): the message names [0, 2]. Kills
-    verdicts.py:185 `np.abs(yd - wd) / bound` -> `(yd - wd) / bound` (the signed ratio names
+    verdicts.py `np.abs(yd - wd) / bound` -> `(yd - wd) / bound` (the signed ratio names
     [0, 1]) and its `np.where(same, 0.0, ...)` -> `1` (an identical element would be named)."""
     t = "test_within_bound_names_the_element_closest_to_its_bound_either_sign"
     want = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float16)
@@ -463,7 +463,7 @@ def test_within_bound_names_the_element_closest_to_its_bound_either_sign():
 
 def test_the_element_bound_reason_names_a_scale_only_where_there_is_one():
     """int_gemv's elem_factor is 1: its reason is the integer fold's alone; a copy at factor 2
-    appends the scale and its reason. Kills numerics.py:131 `p.elem_factor == 1.0` -> `!=`."""
+    appends the scale and its reason. Kills numerics.py `p.elem_factor == 1.0` -> `!=`."""
     t = "test_the_element_bound_reason_names_a_scale_only_where_there_is_one"
     base = registry.get("int_gemv")
     assert base.elem_factor == 1.0, repro(t)
@@ -475,7 +475,7 @@ def test_the_element_bound_reason_names_a_scale_only_where_there_is_one():
 
 def test_a_relative_rms_exactly_at_its_tolerance_passes():
     """A relative RMS equal to its tolerance is within it (err <= tol); just above is not, and
-    a NaN error never is. Kills verdicts.py:93 `err <= tol` -> `err < tol`."""
+    a NaN error never is. Kills verdicts.py `err <= tol` -> `err < tol`."""
     t = "test_a_relative_rms_exactly_at_its_tolerance_passes"
     tol = 2.0 ** -8 + 1e-5
     assert verdicts.Rms("dense", tol, tol, None).ok, repro(t)
@@ -486,7 +486,7 @@ def test_a_relative_rms_exactly_at_its_tolerance_passes():
 def test_exact_outputs_have_no_bias():
     """Outputs equal to their references: every error u is 0, so both means are 0 with no
     spread: t = 0 (no evidence either way), not a number the test would read as bias. Kills
-    numerics.py:187 `0.0 if m == 0.0` -> `1 if m == 0.0`."""
+    numerics.py `0.0 if m == 0.0` -> `1 if m == 0.0`."""
     t = "test_exact_outputs_have_no_bias"
     ref = np.array([[1.0, -2.0, 0.5, 3.0]])
     assert numerics.bias(ref.copy(), ref, torch.bfloat16) == (0.0, 0.0), repro(t)
@@ -494,7 +494,7 @@ def test_exact_outputs_have_no_bias():
 
 def test_dots_of_another_shape_fail_at_the_origin():
     """Group dots of another shape than the exact ones never pass, and the first difference
-    reported is (0, 0, 0), as documented. Kills verdicts.py:152's `(0, 0, 0)` -> a 1 anywhere."""
+    reported is (0, 0, 0), as documented. Kills verdicts.dots's `(0, 0, 0)` -> a 1 anywhere."""
     t = "test_dots_of_another_shape_fail_at_the_origin"
     want = np.zeros((2, 3, 4), dtype=np.int64)
     assert verdicts.dots(np.zeros((2, 3, 3), dtype=np.int64), want) == (0, 0, 0), repro(t)
@@ -503,7 +503,7 @@ def test_dots_of_another_shape_fail_at_the_origin():
 
 def test_no_outputs_have_ratio_zero():
     """An empty output (N = 0) has no element outside any bound: ratio 0.0, as documented (no
-    output is near its bound). Kills verdicts.py:140 `... if ratio.size else 0.0` -> `1`."""
+    output is near its bound). Kills verdicts.py `... if ratio.size else 0.0` -> `1`."""
     t = "test_no_outputs_have_ratio_zero"
     p = registry.get("int_gemv")
     e = verdicts.element(p, 384, torch.zeros(1, 0, dtype=torch.bfloat16), np.zeros((1, 0)), np.zeros((1, 0)),

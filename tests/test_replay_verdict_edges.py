@@ -102,10 +102,20 @@ def test_a_deterministic_path_whose_bytes_differ_from_its_own_run_fails_the_clai
     assert not replay.pair_metrics(a, replay.Out("int_gemv", y.clone(), None), None)["failed"], repro(t)
 
 
+def _one_call(m, k, position=0):
+    """One call of LAYER (N = 256) at M rows and depth K, its references and int_gemv's output."""
+    w = inputs.ternary_weight(256, k, 5, "cpu", "prepared")
+    x = inputs.activations(m, k, 6, "normal", torch.bfloat16, "cpu")
+    c = replay.Call(f"{LAYER}/{position if m == 1 else position + '.0'}", LAYER, replay.kind_of(LAYER), position, x)
+    refs = replay.References([c], {LAYER: w})
+    y = registry.get("int_gemv").kernel()(x, w, out=torch.empty(m, 256, dtype=torch.bfloat16))
+    return c, refs, y
+
+
 def test_a_bias_statistic_exactly_at_the_threshold_passes(planted_t, cpu_only):
     """Each test is |t| <= z (BIAS_WHY): one call of one kind, 2 * (1 + 1) = 4 tests, z =
     Phi^-1(1 - alpha / 8); t = z and -z on every call (so the pooled Z = t / sqrt 1 too) is
-    within. Kills replay.py:582 `not abs(r[stat]) <= z` -> `< z` (and the pooled test's alike)."""
+    within. Kills replay.py `not abs(r[stat]) <= z` -> `< z` (and the pooled test's alike)."""
     t = "test_a_bias_statistic_exactly_at_the_threshold_passes"
     z = statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * 4))
     planted_t((z, -z))
@@ -117,14 +127,10 @@ def test_a_bias_statistic_exactly_at_the_threshold_passes(planted_t, cpu_only):
 def test_the_q8_error_of_an_integer_path_is_recorded(cpu_only):
     """int_gemv is judged against the quantized reference Q, so its dense check computes the
     exact Q8 arithmetic's own error e_Q = ||Q - D|| / ||D|| (numerics.Q8_WHY); side_metrics keeps
-    it. Here from the FP64 references themselves. Kills replay.py:504 `v.q8_error is not None`
+    it. Here from the FP64 references themselves. Kills replay.py `v.q8_error is not None`
     -> `is None` (it would record None)."""
     t = "test_the_q8_error_of_an_integer_path_is_recorded"
-    w = inputs.ternary_weight(256, 256, 5, "cpu", "prepared")
-    x = inputs.activations(1, 256, 6, "normal", torch.bfloat16, "cpu")
-    c = replay.Call(f"{LAYER}/0", LAYER, replay.kind_of(LAYER), 0, x)
-    refs = replay.References([c], {LAYER: w})
-    y = registry.get("int_gemv").kernel()(x, w, out=torch.empty(1, 256, dtype=torch.bfloat16))
+    c, refs, y = _one_call(1, 256)
     q, d = refs.get(c, "quantized"), refs.get(c, "dense")
     want = float(np.linalg.norm((q - d).ravel()) / np.linalg.norm(d.ravel()))
     assert 0 < want < 0.1, f"precondition: Q8 differs from dense and by little ({want}); {repro(t)}"
@@ -135,7 +141,7 @@ def test_the_q8_error_of_an_integer_path_is_recorded(cpu_only):
 def test_calls_biased_the_negative_way_together_fail_the_kind(planted_t, cpu_only):
     """The pooled test is two-sided too: 4 calls each t = -0.9 z give a pooled Z = -1.8 z, as far
     below as test_calls_each_under_the_threshold_can_be_biased_together's is above: the kind
-    fails. Kills replay.py:631 `not abs(d[...]) <= z` -> `not d[...] <= z` (only a positive
+    fails. Kills replay.py `not abs(d[...]) <= z` -> `not d[...] <= z` (only a positive
     pooled Z would fail)."""
     t = "test_calls_biased_the_negative_way_together_fail_the_kind"
     z = statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * 2 * (4 + 1)))
@@ -153,7 +159,7 @@ def test_batched_calls_are_pooled_at_the_smallest_m(monkeypatch, cpu_only):
     each, batched at M = 2 and 4 (2 calls each: 8 calls, z over 2 * (8 + 1) tests); planted t =
     0.9 z on the M = 4 calls (3 distinct rows) and 0 on the M = 2 ones (2 distinct rows): each call
     is under z, the pool over the M = 2 calls is 0 and passes, where a pool over the M = 4 calls
-    would be 2 * 0.9 z / sqrt 2 = 1.27 z and fail. Kills replay.py:620 `min(r["m"] ...)` -> `max`."""
+    would be 2 * 0.9 z / sqrt 2 = 1.27 z and fail. Kills replay.py `min(r["m"] ...)` -> `max`."""
     t = "test_batched_calls_are_pooled_at_the_smallest_m"
     z = statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * 2 * (8 + 1)))
     monkeypatch.setattr(replay, "bias", lambda y64, ref, dt: (0.9 * z if y64.shape[0] == 3 else 0.0, 0.0))
@@ -180,13 +186,9 @@ def test_batched_calls_are_pooled_at_the_smallest_m(monkeypatch, cpu_only):
 def test_a_single_call_control_in_the_fold_order_of_a_is_void(cpu_only):
     """K = 128 is one group: the control's reversed order (groups G-1..0) is int_gemv's own, and
     its bits here are A's. With a single call the run fails as void on both counts and names
-    that call. Kills replay.py:612 `same_fold[0]` -> `same_fold[1]` (no second call to name)."""
+    that call. Kills replay.py `same_fold[0]` -> `same_fold[1]` (no second call to name)."""
     t = "test_a_single_call_control_in_the_fold_order_of_a_is_void"
-    w = inputs.ternary_weight(256, 128, 5, "cpu", "prepared")
-    x = inputs.activations(1, 128, 6, "normal", torch.bfloat16, "cpu")
-    c = replay.Call(f"{LAYER}/0", LAYER, replay.kind_of(LAYER), 0, x)
-    refs = replay.References([c], {LAYER: w})
-    y = registry.get("int_gemv").kernel()(x, w, out=torch.empty(1, 256, dtype=torch.bfloat16))
+    c, refs, y = _one_call(1, 128)
     fault = replay.Fault(replay.CONTROL, [LAYER], LAYER)
     res = replay.evaluate([c], refs, [replay.Out("int_gemv", y, None, "kernel")],
                           [replay.Out("gemv", y.clone(), None, "kernel")], fault)
@@ -201,11 +203,7 @@ def test_the_control_fold_is_judged_at_each_calls_m(cpu_only, monkeypatch):
     never at its depth (K = 256). A and B run different paths, so the A/B same-fold check asks
     no fold order (the path names differ first): the one fold_plan is the control's, at M = 2."""
     t = "test_the_control_fold_is_judged_at_each_calls_m"
-    w = inputs.ternary_weight(256, 256, 5, "cpu", "prepared")
-    x = inputs.activations(2, 256, 6, "normal", torch.bfloat16, "cpu")
-    c = replay.Call(f"{LAYER}/M2.0", LAYER, replay.kind_of(LAYER), "M2", x)
-    refs = replay.References([c], {LAYER: w})
-    y = registry.get("int_gemv").kernel()(x, w, out=torch.empty(2, 256, dtype=torch.bfloat16))
+    c, refs, y = _one_call(2, 256, "M2")
     asked = []
     real = replay.fold_plan
 
