@@ -78,12 +78,36 @@ def _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, c, g_end, G, code_row, code
 
 
 @triton.jit
+def _act(a_ptr, g, g_ok, s: tl.constexpr, j, MASKED: tl.constexpr):
+    """Plane s's activation words [GC, 8] of groups g."""
+    ap = a_ptr + g[:, None] * 32 + s * 8 + j[None, :]
+    if MASKED:
+        return tl.load(ap, mask=g_ok[:, None], other=0)
+    return tl.load(ap)
+
+
+@triton.jit
+def _group_terms(t_ptr, xs_ptr, g, g_ok, MASKED: tl.constexpr):
+    """The activation sums t and scales xs [GC] of groups g."""
+    if MASKED:
+        return tl.load(t_ptr + g, mask=g_ok, other=0), tl.load(xs_ptr + g, mask=g_ok, other=0.0)
+    return tl.load(t_ptr + g), tl.load(xs_ptr + g)
+
+
+@triton.jit
+def _plane_dot(w, a, plane0, s: tl.constexpr, BN: tl.constexpr, GC: tl.constexpr, INTERP: tl.constexpr):
+    """Plane s's dots [BN, GC]: the DP4As of the masked code words with a, shifted down by 2s."""
+    acc = common.dp4a(w & (plane0 << (2 * s)), a[None, :, :], tl.zeros([BN, GC, 8], dtype=tl.int32), INTERP, True)
+    return tl.sum(acc, axis=2) >> (2 * s)
+
+
+@triton.jit
 def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, part_ptr, count_ptr,
                  dots_ptr, d_sn, d_sg,
                  N, G, code_row, code_group, code_off, scale_row, scale_group, scale_off, per,
                  BN: tl.constexpr, GC: tl.constexpr, LOG_GC: tl.constexpr, CHUNKS: tl.constexpr,
                  DEPTH: tl.constexpr, SPLIT: tl.constexpr, MASKED: tl.constexpr, PREPARED: tl.constexpr,
-                 WRITE_DOTS: tl.constexpr, PDL: tl.constexpr, INTERP: tl.constexpr):
+                 ACT_FIRST: tl.constexpr, WRITE_DOTS: tl.constexpr, PDL: tl.constexpr, INTERP: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
@@ -117,6 +141,14 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
         g0 = g_begin + i * GC
         g = g0 + gi
         g_ok = g < g_end
+        if ACT_FIRST and PREPARED:
+            # chunk i's activations are requested before chunk i + DEPTH's weights, so their
+            # short L2 reads are not queued behind the ring's DRAM reads
+            a0 = _act(a_ptr, g, g_ok, 0, j, MASKED)
+            a1 = _act(a_ptr, g, g_ok, 1, j, MASKED)
+            a2 = _act(a_ptr, g, g_ok, 2, j, MASKED)
+            a3 = _act(a_ptr, g, g_ok, 3, j, MASKED)
+            t, xs = _group_terms(t_ptr, xs_ptr, g, g_ok, MASKED)
         w = tl.reshape(w1, (BN, GC, 8))
         ws = s1.to(tl.float32)
         # the ring moves on by one; chunk i + DEPTH is loaded while chunk i is computed
@@ -139,21 +171,15 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
             w4, s4 = _chunk(codes_ptr, scales_ptr, rn, n_ok, g_begin, i + 4, g_end, G, code_row, code_group,
                             code_off, scale_row, scale_group, scale_off, GC, CHUNKS, PREPARED, MASKED)
         dot = tl.zeros([BN, GC], dtype=tl.int32)
-        for s in tl.static_range(4):
-            ap = a_ptr + g[:, None] * 32 + s * 8 + j[None, :]
-            if MASKED:
-                a = tl.load(ap, mask=g_ok[:, None], other=0)
-            else:
-                a = tl.load(ap)                                          # [GC, 8] words
-            acc = common.dp4a(w & (plane0 << (2 * s)), a[None, :, :],
-                              tl.zeros([BN, GC, 8], dtype=tl.int32), INTERP, True)
-            dot += tl.sum(acc, axis=2) >> (2 * s)
-        if MASKED:
-            t = tl.load(t_ptr + g, mask=g_ok, other=0)
-            xs = tl.load(xs_ptr + g, mask=g_ok, other=0.0)
+        if ACT_FIRST and PREPARED:
+            dot += _plane_dot(w, a0, plane0, 0, BN, GC, INTERP)
+            dot += _plane_dot(w, a1, plane0, 1, BN, GC, INTERP)
+            dot += _plane_dot(w, a2, plane0, 2, BN, GC, INTERP)
+            dot += _plane_dot(w, a3, plane0, 3, BN, GC, INTERP)
         else:
-            t = tl.load(t_ptr + g)
-            xs = tl.load(xs_ptr + g)
+            for s in tl.static_range(4):
+                dot += _plane_dot(w, _act(a_ptr, g, g_ok, s, j, MASKED), plane0, s, BN, GC, INTERP)
+            t, xs = _group_terms(t_ptr, xs_ptr, g, g_ok, MASKED)
         dot = dot - t[None, :]
         lanes = common.scale_accumulate(lanes, dot, xs[None, :], ws)
         if WRITE_DOTS:
@@ -169,13 +195,17 @@ def _gemv_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, p
 
 
 FIELDS = {"BN": protocol.pow2(1), "GC": protocol.pow2(1), "groups_per_split": protocol.integer(1),
-          "SPLIT": protocol.integer(1), "DEPTH": protocol.integer(1, 4), "PDL": protocol.flag,
+          "SPLIT": protocol.integer(1), "DEPTH": protocol.integer(1, 4), "ACT_FIRST": protocol.flag,
+          "PDL": protocol.flag,
           "num_warps": protocol.WARPS}
 
 
 def config(n: int, k: int, m: int = 1, interpret: bool | None = None) -> dict:
-    """{BN, GC, groups_per_split, SPLIT, DEPTH, PDL, num_warps} from shapes only. DEPTH: chunks
-    of weight codes in flight, loaded before the PDL wait and then kept in flight. interpret: the
+    """{BN, GC, groups_per_split, SPLIT, DEPTH, ACT_FIRST, PDL, num_warps} from shapes only.
+    DEPTH: chunks of weight codes in flight, loaded before the PDL wait and then kept in flight.
+    ACT_FIRST: on the prepared layout, a chunk's activation loads are issued before the
+    look-ahead chunk's weight loads (else after them, as each plane's dots need them; the raw
+    layout's byte loads would take more registers); the bits are the same. interpret: the
     interpreter's config or the GPU's (default: this process's). PDL: launch the quantize and
     GEMV kernels with programmatic dependent launch (CUDA only; ignored by the interpreter)."""
     return dict(_config(n, k, common.INTERPRET if interpret is None else bool(interpret)))
@@ -194,7 +224,7 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
         # chunks, a masked tail and the in-kernel split reduction in every small case; DEPTH = 2
         # keeps a ring shift and a look-ahead past the split's end in them too
         bn, gc, split, warps = min(128, max(8, triton.next_power_of_2(n))), 2, 2 if groups >= 4 else 1, 4
-        depth = 2
+        depth, act_first = 2, True
     else:
         # Measured on the H200 (tools/tune/decode_sweep.py, CUDA graphs, weights rotated past L2;
         # results/2026-11-30-decode-gemv/): 4-8 warps whose warp instructions each read whole 128-byte row
@@ -222,8 +252,13 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
         while n < 12288 and row_tiles * split < 640 and groups // (split * 2) >= gc:
             split *= 2
     per = triton.cdiv(groups, split)
+    if not interpret:
+        # a chunk's activations before the look-ahead's weights where there is a look-ahead, but
+        # not on the 64-row, 16-group tiles: 140 registers instead of 128 there, one program an
+        # SM instead of two (the sm_90 compile)
+        act_first = triton.cdiv(per, gc) > 1 and not (bn == 64 and gc == 16)
     return (("BN", bn), ("GC", gc), ("groups_per_split", per), ("SPLIT", triton.cdiv(groups, per)),
-            ("DEPTH", depth), ("PDL", True), ("num_warps", warps))
+            ("DEPTH", depth), ("ACT_FIRST", act_first), ("PDL", True), ("num_warps", warps))
 
 
 def _resolve(n, k, interpret, cfg) -> dict:
@@ -275,6 +310,6 @@ def launch(q, xs, t, w, out, cfg, *, pdl, count, dots=None):
         n, g, st["code_row"], st["code_group"], st["code_off"],
         st["scale_row"], st["scale_group"], st["scale_off"], per,
         BN=bn, GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=triton.cdiv(per, gc), DEPTH=cfg["DEPTH"], SPLIT=split,
-        MASKED=not (prepared and n % bn == 0 and per % gc == 0 and g % per == 0),
+        ACT_FIRST=cfg["ACT_FIRST"], MASKED=not (prepared and n % bn == 0 and per % gc == 0 and g % per == 0),
         PREPARED=prepared, WRITE_DOTS=write_dots, PDL=pdl, INTERP=common.INTERPRET,
         num_warps=cfg["num_warps"], num_stages=1, launch_pdl=pdl)

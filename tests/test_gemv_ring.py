@@ -1,5 +1,6 @@
 """gemv's look-ahead ring: DEPTH chunks of weight codes loaded before the PDL wait and kept in
-flight. It may not change a bit: the FP32 order is the config's fold whatever DEPTH is.
+flight, with each chunk's activations loaded before or after the look-ahead's weights
+(ACT_FIRST). Neither may change a bit: the FP32 order is the config's fold whatever they are.
 Expected values: the FP64 reference's group dots (reference.projection.group_dots, from the
 bytes and the reference's own Q8) and the path's emulation under the same config."""
 import numpy as np
@@ -15,12 +16,13 @@ HERE = "tests/test_gemv_ring.py"
 # GC = 2 on 12 groups: one split of 6 chunks (DEPTH 1-4 all shift the ring before the end), two
 # of 3 (DEPTH 4 looks past the end: predicated off), and a ragged pair of 7 and 5 groups
 N, K, GC = 40, 1536, 2
-RING = [dict(DEPTH=d, SPLIT=1, groups_per_split=12) for d in (1, 2, 3, 4)]
-RING += [dict(DEPTH=d, SPLIT=2, groups_per_split=p) for d in (1, 4) for p in (6, 7)]
+# each ring in both load orders (ACT_FIRST: a chunk's activations before the look-ahead's weights)
+RING = [dict(DEPTH=d, SPLIT=1, groups_per_split=12, ACT_FIRST=a) for d in (1, 2, 3, 4) for a in (True, False)]
+RING += [dict(DEPTH=d, SPLIT=2, groups_per_split=p, ACT_FIRST=a) for d in (1, 4) for p in (6, 7) for a in (True, False)]
 
 
 def _label(c):
-    return f"DEPTH{c['DEPTH']}-SPLIT{c['SPLIT']}x{c['groups_per_split']}"
+    return f"DEPTH{c['DEPTH']}-SPLIT{c['SPLIT']}x{c['groups_per_split']}-ACT_FIRST{int(c['ACT_FIRST'])}"
 
 
 @pytest.mark.parametrize("layout", ["prepared", "raw"])

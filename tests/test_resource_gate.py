@@ -154,7 +154,7 @@ MS = sorted(set(bench.STEP_MS) | set(bench.DEFAULT_MS) | set(cases.MS["bonsai27b
 KNOWN_SPILLS = {
     ("native", (("BM", 128), ("BN", 128), ("num_stages", 3), ("num_warps", 8)), "raw"),          # M = 128
     ("mmq_planes", (("BM", 64), ("BN", 128), ("SWAP", True), ("num_stages", 3), ("num_warps", 4)), "prepared"),
-    ("gemv", (("BN", 64), ("DEPTH", 1), ("GC", 16), ("PDL", True), ("SPLIT", 1),
+    ("gemv", (("ACT_FIRST", False), ("BN", 64), ("DEPTH", 1), ("GC", 16), ("PDL", True), ("SPLIT", 1),
               ("groups_per_split", 40), ("num_warps", 8)), "raw"),                                                                                       # in_proj, qkv
 }
 

@@ -46,7 +46,7 @@ def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
                 scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, count_ptr="*i32",
                 dots_ptr=out)
     ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, per=per, **layout_strides(n, k, layout))
-    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], SPLIT=split,
+    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], SPLIT=split, ACT_FIRST=c["ACT_FIRST"],
                   MASKED=not (prepared and n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=prepared,
                   WRITE_DOTS=False, PDL=c["PDL"], INTERP=False)
     return c, (mod._gemv_kernel, ptrs, ints, consts, c["num_warps"], 1), {}

@@ -3,7 +3,8 @@ which part of the M = 1 call costs the microseconds beyond a pure read of its by
 keeps gemv's tiles, chunks, DEPTH ring (1 or 2), PDL order and grid, and adds to the one before:
 
   read  the weight code words and scales, XOR-folded (the loads kept live, no arithmetic)
-  act   + each chunk's activation words, sums and scales (loaded as gemv loads them, folded)
+  act   + each chunk's activation words, sums and scales (loaded after the look-ahead chunk's
+        weights: gemv's order with ACT_FIRST false; folded)
   dot   + the DP4A plane dots and the sum correction (int32, summed)
   fold  + the FP32 fold (common.scale_accumulate) and the lane tree; the partial stored
   full  + the split-K sum by the tile's last program: gemv's output, bit for bit
