@@ -31,6 +31,8 @@ def value(s: str | None) -> Fraction | None:
     t = re.sub(_SP, "", s.replace("\u2212", "-").replace("$", "").replace(",", "")).strip()
     if t.endswith("."):
         t = t[:-1]
+    if not any(ch.isdigit() for ch in t):
+        return None   # '..' would read as 0 once its point gets a leading zero
     if t.startswith(("-.", ".")):
         t = t.replace(".", "0.", 1)
     try:
