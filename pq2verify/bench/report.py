@@ -593,9 +593,9 @@ def markdown(res: dict, png_name: str | None, plot_note: str = "") -> str:
         meth = {r["sides"]["bf16"].get("method") for r in steps if r.get("sides")}
         gb = s0.get("bf16_bytes", 0) / 1e9
         graph = f"one chained graph of {calls} distinct bf16 weight copies ({gb:.1f} GB)"
-        L += ["", "BF16 step: " + (graph if "graph" in meth else "")
-              + ("; " if "graph" in meth and "sum" in meth else "")
-              + ("sum of the per-shape cuBLAS medians of this run times the calls per step" if "sum" in meth else "")]
+        how = ([graph] if "graph" in meth else []) + (
+            ["sum of the per-shape cuBLAS medians of this run times the calls per step"] if "sum" in meth else [])
+        L += ["", "BF16 step: " + ("; ".join(how) if how else "not timed (no step row was timed)")]
         L += [f"- {n}" for n in sorted(notes)]
     pws = [r for r in steps if r.get("power")]
     if pws:
