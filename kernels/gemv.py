@@ -253,10 +253,9 @@ def _config(n: int, k: int, interpret: bool) -> tuple:
             split *= 2
     per = triton.cdiv(groups, split)
     if not interpret:
-        # a chunk's activations before the look-ahead's weights where there is a look-ahead
-        # (down 12% faster, the M = 1 step 4%), but not on the 64-row, 16-group tiles: 140
-        # registers instead of 128 there, one program an SM instead of two, 0.89x
-        # (results/2026-12-07-decode-gemv-act-first/)
+        # a chunk's activations before the look-ahead's weights where there is a look-ahead, but
+        # not on the 64-row, 16-group tiles: 140 registers instead of 128 there, one program an
+        # SM instead of two (the sm_90 compile)
         act_first = triton.cdiv(per, gc) > 1 and not (bn == 64 and gc == 16)
     return (("BN", bn), ("GC", gc), ("groups_per_split", per), ("SPLIT", triton.cdiv(groups, per)),
             ("DEPTH", depth), ("ACT_FIRST", act_first), ("PDL", True), ("num_warps", warps))
