@@ -153,10 +153,11 @@ def _throttled_sampler(hot_rounds, labels, warm, pairs):
     return bench.Sampler(read, 0)
 
 
-@pytest.mark.parametrize("pairs,hot,dropped", [(11, {3, 4}, True), (7, {2, 5}, False)])
+@pytest.mark.parametrize("pairs,hot,dropped", [(11, {3, 4}, True), (9, {2, 5}, True), (7, {2, 5}, False)])
 def test_rounds_read_during_a_throttle_are_flagged_and_dropped(pairs, hot, dropped):
     """Rounds during which NVML reported a throttle reason are listed; they are dropped when at
-    least 7 clean rounds remain (11 - 2 = 9), else kept and said so (7 - 2 = 5)."""
+    least 7 clean rounds remain (11 - 2 = 9; 9 - 2 = 7, exactly enough), else kept and said so
+    (7 - 2 = 5)."""
     info = {}
     smp = _throttled_sampler(hot, ["a", "b"], 1, pairs)
     times, _, _ = bench.time_rounds({"a": Seq([10.0]), "b": Seq([5.0])}, pairs, 1, 1.0, smp, info=info)
