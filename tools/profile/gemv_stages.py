@@ -26,15 +26,6 @@ STAGES = ("read", "act", "dot", "fold", "full")
 
 
 @triton.jit
-def _act_words(a_ptr, g, g_ok, s: tl.constexpr, j, MASKED: tl.constexpr):
-    """Plane s's activation words [GC, 8] of groups g, loaded as gemv loads them."""
-    ap = a_ptr + g[:, None] * 32 + s * 8 + j[None, :]
-    if MASKED:
-        return tl.load(ap, mask=g_ok[:, None], other=0)
-    return tl.load(ap)
-
-
-@triton.jit
 def _stage_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, part_ptr, count_ptr,
                   N, G, code_row, code_group, code_off, scale_row, scale_group, scale_off, per,
                   BN: tl.constexpr, GC: tl.constexpr, LOG_GC: tl.constexpr, CHUNKS: tl.constexpr,
@@ -89,7 +80,7 @@ def _stage_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, 
             if STAGE == 1:
                 w = tl.reshape(wc, (BN, GC, 8))
                 for s in tl.static_range(4):
-                    w = w ^ _act_words(a_ptr, g, g_ok, s, j, MASKED)[None, :, :]
+                    w = w ^ gemv._act(a_ptr, g, g_ok, s, j, MASKED)[None, :, :]
                 bits ^= tl.xor_sum(w, axis=2)
                 idot += t[None, :]
                 lanes += ws * xs[None, :]
@@ -97,7 +88,7 @@ def _stage_kernel(a_ptr, xs_ptr, t_ptr, codes_ptr, scales_ptr, out_ptr, out_sn, 
                 w = tl.reshape(wc, (BN, GC, 8))
                 dot = tl.zeros([BN, GC], dtype=tl.int32)
                 for s in tl.static_range(4):
-                    a = _act_words(a_ptr, g, g_ok, s, j, MASKED)
+                    a = gemv._act(a_ptr, g, g_ok, s, j, MASKED)
                     acc = common.dp4a(w & (plane0 << (2 * s)), a[None, :, :],
                                       tl.zeros([BN, GC, 8], dtype=tl.int32), INTERP, True)
                     dot += tl.sum(acc, axis=2) >> (2 * s)
