@@ -391,3 +391,18 @@ def test_a_gold_answer_of_only_points_is_refused():
     naming it rather than scoring every answer against 0."""
     with pytest.raises(ValueError, match="no number after"):
         extract.gold("so the total is #### ..")
+
+
+@pytest.mark.parametrize("decided, shown", [(None, True), (True, True), (False, False)])
+def test_the_other_tail_is_named_unless_the_verdict_was_left_undecided(decided, shown):
+    """A floor verdict whose other tail is significant (p_below 0.001 < alpha 0.01): the report
+    names it. A verdict recorded without the 'decided' key (a report written before it existed)
+    counts as decided; one marked undecided does not name the tail."""
+    t = "test_the_other_tail_is_named_unless_the_verdict_was_left_undecided"
+    vd = {"verdict": "within noise", "test": "sign test", "above": 1, "below": 9, "ties": 0, "p": 0.99,
+          "kl_ratio": 0.5, "p_below": 0.001, "alpha": 0.01}
+    if decided is not None:
+        vd["decided"] = decided
+    rep = {"compare": report.compare({}, {}), "teacher": {"b": {"mean_kl": None}}, "verdict": vd}
+    lines = report._floor_section(rep)
+    assert any(x.startswith("- the other tail:") for x in lines) is shown, (lines, repro(t))
