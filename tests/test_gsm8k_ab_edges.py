@@ -406,3 +406,14 @@ def test_the_other_tail_is_named_unless_the_verdict_was_left_undecided(decided, 
     rep = {"compare": report.compare({}, {}), "teacher": {"b": {"mean_kl": None}}, "verdict": vd}
     lines = report._floor_section(rep)
     assert any(x.startswith("- the other tail:") for x in lines) is shown, (lines, repro(t))
+
+
+def test_the_a_vs_b_row_is_shown_with_a_floor_and_no_teacher_forcing():
+    """A floor run but no teacher-forced metrics: the A vs B row is still in the table (its
+    teacher columns n/a), and so is the floor's."""
+    t = "test_the_a_vs_b_row_is_shown_with_a_floor_and_no_teacher_forcing"
+    cmp = report.compare({}, {})
+    rep = {"compare": cmp, "floor": {"fold_reversed_m": "2-16", "compare": cmp}}
+    lines = report._floor_section(rep)
+    assert any(x.startswith("| A vs B |") for x in lines), (lines, repro(t))
+    assert any(x.startswith("| A vs F (floor) |") for x in lines), (lines, repro(t))

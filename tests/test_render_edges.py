@@ -338,3 +338,24 @@ def test_a_run_whose_steps_were_not_timed_says_so_for_bf16():
     md = report.markdown(_res([row]), None).splitlines()
     got = [x for x in md if x.startswith("BF16 step:")]
     assert got == ["BF16 step: not timed (no step row was timed)"], (got, repro(t))
+
+
+def test_a_failed_fit_row_has_as_many_cells_as_the_fit_table():
+    """A side whose fit raised still fills a row of the fit table: shape, M, side, path, the
+    error, then a dash for each of the remaining columns, len(FIT_COLS) cells in all."""
+    t = "test_a_failed_fit_row_has_as_many_cells_as_the_fit_table"
+    row = {"kind": "shape", "key": "shape:out:m1", "shape": "out", "m": 1, "status": "timed",
+           "sides": {"a": {"path": "int_gemv", "fit_error": "one byte count"}}}
+    rows = report.fit_rows(_res([row]))
+    assert rows == [["out", "1", "A", "int_gemv", "ERROR: one byte count"] + ["-"] * (len(report.FIT_COLS) - 5)], (
+        rows, repro(t))
+
+
+def test_a_report_is_written_into_a_folder_that_exists(tmp_path):
+    """Writing the report twice into the same folder (a rerun): the folder exists the second
+    time, and both writes succeed with the Markdown in place."""
+    t = "test_a_report_is_written_into_a_folder_that_exists"
+    md = tmp_path / "out" / "bench.md"
+    for _ in range(2):
+        path, _ = report.write(_res([]), md)
+        assert path == md and md.read_text().startswith("#"), repro(t)
