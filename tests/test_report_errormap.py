@@ -83,3 +83,14 @@ def test_on_sampled_columns_the_boundaries_fall_between_the_samples():
     assert ((em.cols[hot] >= bn) & (em.cols[hot] < 2 * bn)).all() and hot.size == ((cols >= bn) & (cols < 2 * bn)).sum()
     assert hot[0] in em.col_tiles and hot[-1] + 1 in em.col_tiles
     assert [int(em.cols[i] // bn) for i in em.col_tiles] == list(range(1, -(-n // bn)))
+
+
+def test_the_map_of_a_cpu_run_names_the_interpreters_tiles(cpu_only):
+    """A case run on the CPU ran the interpreter's config, so its map carries that config (the
+    one gemv.config gives with interpret=True), not the GPU's, which differs for this shape."""
+    from kernels import gemv
+    em = errormap.of_case(CASE, "cpu")
+    want = gemv.config(CASE.n, CASE.k, CASE.m, interpret=True)
+    assert want != gemv.config(CASE.n, CASE.k, CASE.m, interpret=False), "the shape must tell the two apart"
+    assert em.config == want, (em.config, want, "reproduce: .venv/bin/python -m pytest -q -p no:randomly "
+                            "'tests/test_report_errormap.py::test_the_map_of_a_cpu_run_names_the_interpreters_tiles'")
