@@ -2,6 +2,8 @@
 fault injection found unpinned: the provenance line, a table whose separator row carries
 alignment colons, the header row, and a WARNING bullet. Each expected string is written out by
 hand from the Markdown given."""
+import pytest
+
 from pq2verify.report import html
 
 F = "tests/test_report_html_edges.py"
@@ -19,23 +21,23 @@ def test_the_provenance_line_lists_every_item_but_the_backend_status():
         "test_the_provenance_line_lists_every_item_but_the_backend_status"))
 
 
-def test_an_aligned_separator_row_is_not_a_data_row():
-    """'| :--- | ---: |' holds exactly the characters '-', ':' and ' ': a separator. The table
-    is then header (a, b) and one body row (1, 2); no cell reads ':---'."""
-    md = "| a | b |\n| :--- | ---: |\n| 1 | 2 |"
-    want = ("<table><thead><tr><th>a</th><th>b</th></tr></thead>"
-            "<tbody><tr><td>1</td><td>2</td></tr></tbody></table>")
-    got = html.from_markdown(md)
-    assert got == want, (got, _repro("test_an_aligned_separator_row_is_not_a_data_row"))
+# (Markdown, the HTML written out from it): a separator with alignment colons holds exactly the
+# characters '-', ':' and ' ', so it is no data row; the header is the first row, the body the rest
+TABLES = [
+    ("| a | b |\n| :--- | ---: |\n| 1 | 2 |",
+     "<table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table>"),
+    ("| x | y |\n| --- | --- |\n| 1 | 2 |\n| 3 | 4 |",
+     "<table><thead><tr><th>x</th><th>y</th></tr></thead><tbody>"
+     "<tr><td>1</td><td>2</td></tr><tr><td>3</td><td>4</td></tr></tbody></table>"),
+]
 
 
-def test_the_header_is_the_first_row_and_the_body_the_rest():
-    """Rows x | y, then the plain separator, then 1 | 2 and 3 | 4: head x, y; body two rows."""
-    md = "| x | y |\n| --- | --- |\n| 1 | 2 |\n| 3 | 4 |"
-    want = ("<table><thead><tr><th>x</th><th>y</th></tr></thead><tbody>"
-            "<tr><td>1</td><td>2</td></tr><tr><td>3</td><td>4</td></tr></tbody></table>")
+@pytest.mark.parametrize("md, want", TABLES, ids=["aligned-separator", "two-body-rows"])
+def test_a_table_is_its_header_row_then_its_body_rows(md, want):
+    """'| :--- | ---: |' is a separator, not a row reading ':---'; the head is a, b (x, y) and the
+    body the one row 1, 2 (the two rows 1, 2 and 3, 4)."""
     got = html.from_markdown(md)
-    assert got == want, (got, _repro("test_the_header_is_the_first_row_and_the_body_the_rest"))
+    assert got == want, (got, _repro("test_a_table_is_its_header_row_then_its_body_rows"))
 
 
 def test_a_warning_bullet_is_a_warning_not_a_list_item():
