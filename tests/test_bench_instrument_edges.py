@@ -3,6 +3,7 @@
 spread of a row's samples, a spin of 0 µs (no power proxy), a step call reading a call before
 the step's first, and the level of a call that reads call 0. Expected values are derived by
 hand from the fakes given."""
+import math
 import sys
 import types
 
@@ -121,3 +122,40 @@ def test_a_step_exactly_at_its_bounds_is_bounded():
     assert st["bounded"] and st["finite"], (st, _repro(t))
     assert (st["rms_min"], st["rms_max"], st["rms_last"]) == (2.0 ** -16, 2.0 ** 16, 0.5), (st, _repro(t))
     assert not bench.chain_stats(contestant([2.0 ** 17, 1.0]))["bounded"], _repro(t)
+
+
+# --- the relative-RMS comparison of the checks after timing ------------------------------------
+# b = 23 ones, a = b but a[22] = 1 + delta: relRMS = |delta| / sqrt(23); with tol = 0.01 the
+# edge is delta = 0.01 sqrt(23). CHUNK = 5 puts a[22] alone in the last (short) block.
+EDGE = 0.01 * 23 ** 0.5
+
+
+@pytest.mark.parametrize("last, want", [(0.0, True), (0.9 * EDGE, True), (1.1 * EDGE, False),
+                                        (float("nan"), False), (float("inf"), False)],
+                         ids=["equal", "inside", "outside", "nan", "inf"])
+def test_relative_rms_in_blocks_sees_the_last_block(monkeypatch, last, want):
+    """The check compares in FP64 blocks of CHUNK elements (a whole FP64 copy of lm_head's
+    M = 8192 output is 15 GiB, which ran an 80 GB GPU out of memory): a difference, NaN or inf
+    only in the last block decides the verdict, and no block converted is longer than CHUNK."""
+    from pq2verify.bench import checkafter
+    monkeypatch.setattr(checkafter, "CHUNK", 5)
+    seen = []
+    double = torch.Tensor.double
+    monkeypatch.setattr(torch.Tensor, "double", lambda t: (seen.append(t.numel()), double(t))[1])
+    b = torch.ones(23)
+    a = b.clone()
+    a[22] = 1.0 + last if math.isfinite(last) else last
+    got = checkafter._same(a, b, 0.01)
+    assert got is want, _repro("test_relative_rms_in_blocks_sees_the_last_block") + f": got {got}"
+    assert seen and max(seen) <= 5, f"a block of {max(seen)} elements was converted whole (CHUNK 5)"
+
+
+def test_relative_rms_of_nothing_or_a_nan_reference_is_not_a_pass():
+    """No elements: no relative RMS, so no pass. A NaN in the reference b (the independent
+    computation) makes the reference's RMS NaN, and NaN is within no tolerance."""
+    from pq2verify.bench import checkafter
+    assert checkafter._same(torch.ones(0), torch.ones(0), 0.1) is False
+    b = torch.ones(8)
+    b[3] = float("nan")
+    assert checkafter._same(torch.ones(8), b, 0.1) is False
+    assert checkafter._same(torch.zeros(8), torch.zeros(8), 0.1) is True    # 0 <= 0.1 x 0
