@@ -79,16 +79,34 @@ def _group(acc, g, S: gl.constexpr, bar, q_s, c_s, x_s, s_ptrs, zero, d_ptr, row
 
 
 @gluon.jit
+def _tile(M, N, BT: gl.constexpr, BW: gl.constexpr, GROUP_M: gl.constexpr):
+    # (first token, first weight row) of this program's tile. GROUP_M = 0: a 2D grid whose axis 0
+    # walks the token tiles fastest, so programs running together share a weight tile. Else a 1D
+    # grid walking GROUP_M token tiles, then the weight tiles, then the next GROUP_M: a group's
+    # activations stay in L2 while the weight tiles pass, which matters once the Q8 activations
+    # outgrow L2 (M x K bytes: down at M = 8192 is 143 MB)
+    if GROUP_M == 0:
+        t = gl.program_id(0)
+        w = gl.program_id(1)
+    else:
+        pid = gl.program_id(0)
+        span = GROUP_M * gl.cdiv(N, BW)
+        first = (pid // span) * GROUP_M
+        size = gl.minimum(gl.cdiv(M, BT) - first, GROUP_M)
+        t = first + (pid % span) % size
+        w = (pid % span) // size
+    return t * BT, w * BW
+
+
+@gluon.jit
 def _wgmma_kernel(q_desc, c_desc, x_desc, s_ptr, y_ptr, d_ptr, M, N, stride_ym, scale_off, scale_row,
-                  G: gl.constexpr, BT: gl.constexpr, S: gl.constexpr, DOTS: gl.constexpr,
+                  G: gl.constexpr, BT: gl.constexpr, S: gl.constexpr, GROUP_M: gl.constexpr, DOTS: gl.constexpr,
                   num_warps: gl.constexpr):
     BW: gl.constexpr = 16 * num_warps
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BT, 32])
     la: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    # program_id(0) walks the token tiles fastest: programs running together share a weight tile
-    off_t = gl.program_id(0) * BT
-    off_w = gl.program_id(1) * BW
+    off_t, off_w = _tile(M, N, BT, BW, GROUP_M)
     q_s = gl.allocate_shared_memory(gl.int8, [S, BT, 128], q_desc.layout)
     c_s = gl.allocate_shared_memory(gl.uint8, [S, BW, 32], c_desc.layout)
     x_s = gl.allocate_shared_memory(gl.float32, [S, 1, BT], x_desc.layout)
@@ -146,19 +164,23 @@ def _twin_kernel(q_ptr, xs_ptr, sg, c_ptr, s_ptr, y_ptr, d_ptr, M, N, stride_ym,
 
 # BM: tokens a tile (the MMA's N side), BN: weight rows (its M side: 16 a warp, one warpgroup per
 # 64), num_stages: the TMA ring's depth.
-FIELDS = {"BM": tiles.pow2(64, 128), "BN": tiles.pow2(64, 128), "num_stages": tiles.integer(2)}
+# GROUP_M: token tiles walked before the next weight tile (program order only; 0: all of them).
+FIELDS = {"BM": tiles.pow2(64, 128), "BN": tiles.pow2(64, 128), "num_stages": tiles.integer(2),
+          "GROUP_M": tiles.integer(0)}
 
 
 def config(n: int, k: int, m: int, interpret: bool | None = None) -> dict:
-    """{BM, BN, num_stages} from shapes only, the same on the interpreter (num_warps = BN / 16;
-    the twin reads BM and BN alone)."""
+    """{BM, BN, num_stages, GROUP_M} from shapes only, the same on the interpreter (num_warps =
+    BN / 16; the twin reads BM and BN alone)."""
     return _config(min(triton.next_power_of_2(m), 4096))
 
 
 def _config(m):
     # H200, M = 2048, the six Bonsai shapes (results/2026-12-01-prefill-mmq-wgmma/): BN 64 (three programs an SM)
     # beat BN 128 by 1.2-1.3x and BM 64 by 1.2x; 2, 3 and 4 stages were within 1%.
-    return dict(BM=64 if m <= 64 else 128, BN=64, num_stages=4)
+    # GROUP_M 4 past M = 2048, H100 (results/2026-12-07-prefill-program-order-h100/): 1.09-1.45x at M = 8192
+    # and 1.04-1.15x at 4096 over GROUP_M 0 on the six shapes, ahead of 8 and 16 on most
+    return dict(BM=64 if m <= 64 else 128, BN=64, num_stages=4, GROUP_M=4 if m > 2048 else 0)
 
 
 def configs(interpret: bool) -> list[dict]:
@@ -218,7 +240,8 @@ def kernel_args(q, codes, xs_t, groups: int, cfg: dict, dots: bool) -> tuple[dic
 
 
 def _consts(groups: int, cfg: dict, dots: bool) -> dict:
-    return dict(G=groups, BT=cfg["BM"], S=cfg["num_stages"], DOTS=dots, num_warps=cfg["BN"] // 16)
+    return dict(G=groups, BT=cfg["BM"], S=cfg["num_stages"], GROUP_M=cfg["GROUP_M"], DOTS=dots,
+                num_warps=cfg["BN"] // 16)
 
 
 # The launch plan. Prefill runs eagerly and this path's Python launch cost is of the order of its
@@ -282,6 +305,8 @@ def _launch(x, w, out, dots, check, config, gluon_kernel: bool):
     grid = (triton.cdiv(m, bt), triton.cdiv(n, bw))
     dd = dots if dots is not None else y
     if gluon_kernel:
+        if cfg["GROUP_M"]:
+            grid = (grid[0] * grid[1],)     # one axis: _tile orders the programs
         planned = not torch.cuda.is_current_stream_capturing()
         if planned:
             bufs, (q_desc, x_desc) = _views(x.device, m, w.k, bt)

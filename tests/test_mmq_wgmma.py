@@ -58,6 +58,30 @@ def test_kernel_equals_its_twin_and_mmq(n, k, m, dtype, device):
 
 
 @pytest.mark.gpu
+@pytest.mark.exact
+@pytest.mark.parametrize("group", [1, 2, 3, 8])
+def test_grouped_program_order_writes_every_tile_once(group, device):
+    """GROUP_M only reorders the programs. M = 600 is 5 token tiles of 128 (the last short), N = 320
+    5 weight tiles of 64: groups of 2 and 3 leave a partial last group, 8 is larger than the tile
+    count. The output starts as NaN; every element must equal the default order's (GROUP_M 0)
+    and the twin's, bit for bit, so no tile is skipped, written twice with another's rows, or
+    taken from outside the matrix."""
+    if device != "cuda" or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU (--device cuda on an H100/H200)")
+    n, k, m = 320, 384, 600
+    w, x = _case(n, k, m, "bf16", device)
+    base = mmq_wgmma.run(x, w, config={"BM": 128, "GROUP_M": 0})
+    y = torch.full_like(base, float("nan"))
+    mmq_wgmma.run(x, w, out=y, config={"BM": 128, "GROUP_M": group})
+    yt = mmq_wgmma.twin(x, w, config={"BM": 128})
+    why = f"reproduce: pytest --device cuda tests/test_mmq_wgmma.py -k 'grouped and {group}' (weights seed 1, x seed 2)"
+    assert not y.isnan().any(), f"{int(y.isnan().sum())} outputs never written with GROUP_M={group}; {why}"
+    for name, other in (("GROUP_M 0", base), ("the twin", yt)):
+        diff = (y.view(torch.int16) != other.view(torch.int16)).sum().item()
+        assert diff == 0, f"GROUP_M={group} differs from {name} in {diff} of {y.numel()} outputs; {why}"
+
+
+@pytest.mark.gpu
 def test_kernel_is_the_gluon_one_on_sm90(device):
     if device != "cuda" or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an sm_90 GPU (--device cuda on an H100/H200)")

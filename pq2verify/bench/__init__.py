@@ -18,7 +18,7 @@ timing), resolve (A/B resolution before any work), baseline (regression gate), s
 timing faults), power (the step's power proxy at serving clocks), launch (eager launch cost). Its namespace re-exports what the CLI, the report and the tests use.
 """
 from .plan import (  # noqa: F401
-    GB, STEP_COUNTS, STEP_DENSE, STEP_LAYERS, DEFAULT_MS, STEP_MS, INTERP_MS, FIT_DIVS, PRESETS,
+    GB, STEP_COUNTS, STEP_DENSE, STEP_LAYERS, DEFAULT_MS, STEP_MS, REPORT_MS, INTERP_MS, FIT_DIVS, PRESETS,
     M_PRIORITY, MIN_PAIRS, TARGET_STEP_M, TARGET_STEP_M1_FLOOR, TARGET_STEP_M1_MS, TARGET_STEP_M16_MS,
     TARGET_STEP_M1_VS_BF16, TARGET_STEP_SMALL_FLOOR, TARGET_PREFILL_VS_BF16, PREFILL_M, Config, Shape,
     Item, all_shapes, select_shapes, step_shapes, step_chain, step_order, check_chain, order_ms,

@@ -16,6 +16,9 @@ STEP_DENSE = {"in_proj_ba": 48}
 STEP_LAYERS = 64
 DEFAULT_MS = (1, 2, 4, 8, 16, 128, 2048)
 STEP_MS = (1, 2, 4, 8, 16)
+# prefill sizes reported beside the M = 2048 target (issue 28): outside the defaults, but the
+# static checks compile their configs too (pq2verify.sm90.shapes)
+REPORT_MS = (512, 8192)
 # the fixed-cost fit times each shape at N/d rows for d in FIT_DIVS (1: the full row itself)
 FIT_DIVS = (4, 2, 1)
 INTERP_MS = (1, 2, 17)

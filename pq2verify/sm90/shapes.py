@@ -26,10 +26,11 @@ def model_shapes() -> list[tuple[str, int, int]]:
 
 def run_shapes(model: bool = True) -> list[tuple[str, int, int, tuple]]:
     """(label, N, K, Ms) of every PQ2 call the bench, the GPU check and the GSM8K model make:
-    the bonsai27b shapes at the bench's Ms (step and shape rows) and the check's; the model's
+    the bonsai27b shapes at the bench's Ms (step and shape rows, and the prefill sizes it reports
+    beside its target) and the check's; the model's
     at every decode M (rows still generating, 1..16) and its prefill (17+: no PDL path); not
     the model's unless `model`."""
     from pq2verify import bench, cases
-    ms = tuple(sorted(set(bench.STEP_MS) | set(bench.DEFAULT_MS) | set(cases.MS["bonsai27b"])))
+    ms = tuple(sorted(set(bench.STEP_MS) | set(bench.DEFAULT_MS) | set(bench.REPORT_MS) | set(cases.MS["bonsai27b"])))
     out = [(f"bonsai27b:{s}", n, k, ms) for s, n, k in cases.SHAPES["bonsai27b"]["pq2"]]
     return out + [(label, n, k, tuple(range(1, 18))) for label, n, k in (model_shapes() if model else [])]
