@@ -55,12 +55,58 @@ HAND = [
     ((16, 0, 1, KB), (32, "blocks")),
     # 16 warps of 255 registers need 131072 registers, more than an SM has: cannot launch
     ((255, 0, 16, KB), (0, "registers")),
+    # no registers at all: the register file binds nothing (32, the block cap; the tie goes to
+    # registers, the first in the order of precedence)
+    ((0, 0, 1, KB), (32, "registers")),
+    # 4 KB of static shared memory holds the reserved 1 KB once: 4096 + 75000 = 79096 -> 79104,
+    # 233472 // 79104 = 2 (counting only the dynamic bytes and the 1 KB would give 76032: 3)
+    ((32, 75000, 4, 4 * KB), (2, "shared")),
+    # no static shared memory: the reserved 1 KB is still paid, 76800 + 1024 = 77824 = 233472 / 3
+    ((32, 76800, 4, 0), (3, "shared")),
 ]
 
 
 @pytest.mark.parametrize("args,want", HAND)
 def test_occupancy_by_hand(args, want):
     assert resources.occupancy(*args) == want
+
+
+def test_the_default_static_shared_memory_is_the_reserved_kilobyte():
+    """Without static_shared the cubin's 1 KB is assumed: 76800 dynamic bytes then fill exactly a
+    third of the SM (77824 = 233472 / 3); one byte more static would round to 77952 and 2."""
+    assert resources.occupancy(32, 76800, 4) == resources.occupancy(32, 76800, 4, KB) == (3, "shared")
+    assert resources.occupancy(32, 76800, 4, KB + 1) == (2, "shared")
+
+
+@pytest.mark.parametrize("args", [(-1, 0, 4), (0, -1, 4), (0, 0, 0), (0, 0, 4, -1)],
+                         ids=["registers", "shared", "warps", "static"])
+def test_occupancy_refuses_impossible_programs_and_takes_the_zero_edges(args):
+    with pytest.raises(ValueError, match="occupancy: expected"):
+        resources.occupancy(*args)
+    assert resources.occupancy(0, 0, 1, 0)[0] == 32      # zero everything, one warp: the block cap
+
+
+def test_a_spill_is_judged_against_the_recorded_known_spill_only():
+    """A 1-byte spill of an unrecorded key is a spill (and unrecorded); a recorded key whose entry
+    names a known spill but no byte count allows none."""
+    row = {**_row("k", 32), "local": 1}
+    v = resources.judge(row, {})
+    assert "SPILL (1 bytes" in v and "NOT RECORDED" in v, v
+    v = resources.judge(row, {"k": {"programs": row["programs"], "known_spill": "reason"}})
+    assert v.startswith("SPILL (1 bytes") and not resources.passed(v), v
+    assert resources.judge(row, {"k": {"programs": row["programs"], "known_spill": "reason", "local": 1}}) \
+        == "OK (known spill: 1 bytes, recorded)"
+
+
+def test_a_rows_runs_and_its_recorded_source():
+    """runs: the label before the colon of each use. source: the measured occupancy where the
+    row's kernel and a use match a MEASURED entry, else the compile's own count."""
+    uses = ["bonsai27b:gate_up 34816x5120 M=2048 bf16 prepared", "gsm8k:mlp.down_projx4 576x6144 M=3 bf16 prepared"]
+    assert resources.runs(uses) == ["bonsai27b", "gsm8k"]
+    wg = {"kernel": "mmq_wgmma", "uses": uses[:1], "programs": 2}
+    assert resources.source(wg)[0] == 3 and resources.source(wg)[1].startswith("measured: ncu, gate_up M=2048")
+    other = {"kernel": "mmq", "uses": uses[:1], "programs": 2}
+    assert resources.source(other) == (2, "baseline: the compile's occupancy when the gate was introduced")
 
 
 def test_the_measured_occupancies_need_the_reserved_kilobyte_counted_once():
