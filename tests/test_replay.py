@@ -523,3 +523,129 @@ def test_chains_on_the_committed_capture_gpu(tmp_path, capsys):
                      "--json", str(j)]) == 0, capsys.readouterr().out
     bad = json.loads(j.read_text())["runs"][1]
     assert bad["ok"] and bad["chain"]["per_call_ok"] and not bad["chain"]["ok"]
+
+
+# --- the linked chain's judging edges (pq2verify.chain.side_eval, evaluate, chains_of) --------
+def _one_side(mlp_capture, device):
+    """(chain, A's side, the chain references, step 2's call and references) of the first chain."""
+    from pq2verify import chain
+    from pq2verify.gsm8k.runs import parse_spec
+    _, calls, weights = replay.load(mlp_capture, device, _mlp_runner(device), ms=(1,))
+    chs = chain.chains_of(calls, weights, DIGITS)
+    crefs = chain.Refs(chs, weights, replay.References(calls, weights))
+    s = chain.run_side(parse_spec("legacy"), chs, weights)[0]
+    ch = chs[0]
+    c2 = replay.Call(f"{ch.down}<-{ch.call.key}", ch.down, chain.DOWN, ch.call.position, s.x2, ch.call.distinct)
+    return ch, s, crefs, c2, replay.References([c2], {ch.down: weights[ch.down]}), chs, weights
+
+
+def _eval(ch, s, crefs, c2, refs2, z=4.0, zb=4.0):
+    from pq2verify import chain
+    return chain.side_eval(ch, s, crefs.fp64[ch.call.key], crefs.w_fold(ch), crefs.refs, c2, refs2, z, zb)
+
+
+def test_a_chain_output_far_below_its_fp64_value_fails_the_chain_bound(mlp_capture, device):
+    """The chain bound is on |error|: an output moved down by 1000 (far past any bound) fails it,
+    as one moved up does."""
+    ch, s, crefs, c2, refs2, _, _ = _one_side(mlp_capture, device)
+    assert _eval(ch, s, crefs, c2, refs2)["failures"] == []
+    for sign in (-1.0, 1.0):
+        y = s.y2.y.clone()
+        y[0, 1] += sign * 1000.0
+        bad = type(s)(s.y1, type(s.y2)(**{**vars(s.y2), "y": y}), s.h, s.x2)
+        fails = _eval(ch, bad, crefs, c2, refs2)["failures"]
+        assert any(f.startswith("chain bound: 1 of") and "first y2[0, 1]" in f for f in fails), (sign, fails)
+
+
+@pytest.mark.parametrize("t, zb, failed", [(4.0, 4.0, False), (-4.0, 4.0, False), (-4.5, 4.0, True),
+                                           (4.5, 4.0, True)], ids=["at+", "at-", "beyond-", "beyond+"])
+def test_a_step_bias_at_its_threshold_passes_and_beyond_it_either_way_fails(mlp_capture, device, monkeypatch,
+                                                                          t, zb, failed):
+    """|t| <= zb passes, equality included; |t| > zb fails whatever t's sign, and the message
+    names the step (2 here: the statistic is planted on the down call only)."""
+    from pq2verify import chain
+    ch, s, crefs, c2, refs2, _, _ = _one_side(mlp_capture, device)
+    real = replay.side_metrics
+
+    def planted(c, out, refs):
+        m = real(c, out, refs)
+        return {**m, "t_scale": t} if c is c2 else {**m, "t_scale": 0.0, "t_offset": 0.0}
+    monkeypatch.setattr(chain.replay, "side_metrics", planted)
+    got = [f for f in _eval(ch, s, crefs, c2, refs2, zb=zb)["per_call_failures"] if "biased" in f]
+    want = [f"step 2 {s.y2.path}: biased, t_scale = {t:.3g} standard errors (|t| > {zb:.2f})"] if failed else []
+    real_offset = real(c2, s.y2, refs2)["t_offset"]
+    if abs(real_offset) > zb:
+        want.append(f"step 2 {s.y2.path}: biased, t_offset = {real_offset:.3g} standard errors (|t| > {zb:.2f})")
+    assert got == want, got
+
+
+def test_an_activation_exactly_at_its_bound_passes_and_the_first_beyond_is_named(mlp_capture, device, monkeypatch):
+    """With the activation bound Eh set to |h - Hr| itself every element sits at ratio 1 (where
+    h != Hr) and passes; halving it at one element (row 0, column 2) fails there, and the
+    message names that element."""
+    from pq2verify import chain
+    ch, s, crefs, c2, refs2, _, _ = _one_side(mlp_capture, device)
+    real = chain.activation_bound
+    h = s.h.double().numpy()
+    scale = {"f": np.ones_like(h)}
+
+    def at_bound(r1, b1, inter, dtype):
+        hr, _ = real(r1, b1, inter, dtype)
+        eh = np.abs(h - hr)
+        eh[eh == 0] = 1.0
+        return hr, eh * scale["f"]
+    monkeypatch.setattr(chain, "activation_bound", at_bound)
+    assert not [f for f in _eval(ch, s, crefs, c2, refs2)["failures"] if f.startswith("activation")]
+    hr, _ = real(*chain.step1_bound(ch, s.y1.path, crefs.refs, s.y1.y.dtype), ch.inter, s.y1.y.dtype)
+    assert h[0, 2] != hr[0, 2]
+    scale["f"][0, 2] = 0.5
+    fails = [f for f in _eval(ch, s, crefs, c2, refs2)["failures"] if f.startswith("activation")]
+    assert len(fails) == 1 and "on 1 of" in fails[0] and "first h[0, 2]" in fails[0], fails
+
+
+def test_the_bias_family_counts_two_statistics_two_steps_two_sides_per_chain(mlp_capture, device):
+    from pq2verify import chain
+    from pq2verify.gsm8k.runs import parse_spec
+    _, _, crefs, _, _, chs, weights = _one_side(mlp_capture, device)
+    outs = chain.run_side(parse_spec("legacy"), chs, weights)
+    r = chain.evaluate(chs, crefs, outs, outs)
+    assert r["bias_threshold"] == replay.bias_threshold(8 * len(chs)), (r["bias_threshold"], len(chs))
+
+
+def test_a_claimed_bit_identity_broken_by_one_ulp_fails_unless_a_fault_is_planted(mlp_capture, device):
+    """A and B both legacy (the same deterministic paths): B's chain output one bf16 ulp off at
+    one element breaks the registry's claim, so the chain fails; under a planted fault the
+    difference is the fault's, and that check stands aside."""
+    from pq2verify import chain
+    from pq2verify.gsm8k.runs import parse_spec
+    _, _, crefs, _, _, chs, weights = _one_side(mlp_capture, device)
+    outs_a = chain.run_side(parse_spec("legacy"), chs, weights)
+    outs_b = chain.run_side(parse_spec("legacy"), chs, weights)
+    b0 = outs_b[0]
+    y = b0.y2.y.clone()
+    y.view(torch.int16)[0, 3] += 1
+    outs_b[0] = type(b0)(b0.y1, type(b0.y2)(**{**vars(b0.y2), "y": y}), b0.h, b0.x2)
+    row = chain.evaluate(chs, crefs, outs_a, outs_b)["chains"][0]
+    assert any(f.startswith("B's chain bytes differ from A's") for f in row["failures"]), row["failures"]
+    row = chain.evaluate(chs, crefs, outs_a, outs_b, fault="scale_ulp")["chains"][0]
+    assert not any(f.startswith("B's chain bytes differ") for f in row["failures"]), row["failures"]
+
+
+def test_chains_need_an_even_gate_up_and_a_down_of_whole_padded_groups():
+    """gate_up stacks gate and up: an odd row count is refused. The down weight's K must be the
+    digits times the intermediate size padded to whole groups: 1536 -> 1536 (4 digits: 6144),
+    100 -> 128 (4 digits: 512), 1540 -> 1664 (4 digits: 6656)."""
+    from pq2verify import chain
+    gu, dn = "layers.0.mlp." + chain.GATE_UP, "layers.0.mlp." + chain.DOWN
+    call = types.SimpleNamespace(kind=chain.GATE_UP, layer=gu)
+    w = lambda n, k: types.SimpleNamespace(n=n, k=k)   # noqa: E731
+    got = chain.chains_of([call], {gu: w(2 * 1536, 576), dn: w(576, 6144)})
+    assert [(c.digits, c.inter) for c in got] == [(4, 1536)]
+    got = chain.chains_of([call], {gu: w(200, 576), dn: w(576, 512)})
+    assert [(c.digits, c.inter) for c in got] == [(4, 100)]
+    got = chain.chains_of([call], {gu: w(2 * 1540, 576), dn: w(576, 4 * 1664)})     # 1540 -> 13 groups
+    assert [(c.digits, c.inter) for c in got] == [(4, 1540)]
+    with pytest.raises(replay.ReplayError, match="not 4 digit"):
+        chain.chains_of([call], {gu: w(200, 576), dn: w(576, 400)}, digits=4)
+    with pytest.raises(replay.ReplayError):
+        chain.chains_of([call], {gu: w(201, 576), dn: w(576, 512)})
