@@ -649,3 +649,23 @@ def test_chains_need_an_even_gate_up_and_a_down_of_whole_padded_groups():
         chain.chains_of([call], {gu: w(200, 576), dn: w(576, 400)}, digits=4)
     with pytest.raises(replay.ReplayError):
         chain.chains_of([call], {gu: w(201, 576), dn: w(576, 512)})
+
+
+@pytest.mark.parametrize("spec, want", [("legacy", "abs_integer"), (FLOATING_B, "abs_floating")])
+def test_step_2s_bound_sums_what_its_arithmetic_multiplies(mlp_capture, device, monkeypatch, spec, want):
+    """An integer step 2 (int_gemv) is bounded with the sums of |q| |codes| (abs_integer); a
+    floating one (native) with the sums of |x| |w| (abs_floating): the bound follows what the
+    path multiplies, never the other's."""
+    from pq2verify import chain
+    from pq2verify.gsm8k.runs import parse_spec
+    ch, _, crefs, _, _, chs, weights = _one_side(mlp_capture, device)
+    s = chain.run_side(parse_spec(spec), chs, weights)[0]
+    c2 = replay.Call(f"{ch.down}<-{ch.call.key}", ch.down, chain.DOWN, ch.call.position, s.x2, ch.call.distinct)
+    refs2 = replay.References([c2], {ch.down: weights[ch.down]})
+    asked = []
+    real_get = replay.References.get
+    monkeypatch.setattr(replay.References, "get",
+                        lambda self, c, which: (asked.append(which) if c is c2 else None) or real_get(self, c, which))
+    _eval(ch, s, crefs, c2, refs2)
+    other = {"abs_integer": "abs_floating", "abs_floating": "abs_integer"}[want]
+    assert want in asked and other not in asked, (spec, asked)
