@@ -376,3 +376,72 @@ def test_an_input_beyond_the_q8_budget_judges_the_kernel_not_the_input(device):
         return int_gemv.run(x, w, **kw).mul_(1.01)
     bad = checks.evaluate(c, device, checks=("rms",), inp=inp, kernel=off)
     assert not bad.ok and "relative RMS vs quantized" in bad.message()
+
+
+def test_guard_band_rounds_up_to_whole_64_element_blocks():
+    """16 rows of 201 bf16 outputs = 6432 bytes = 3216 elements, not a multiple of 64: the band
+    grows to 3264 (51 blocks of 64), never shrinks below a tile of rows."""
+    out, buf, band = checks._guarded((3, 201), torch.bfloat16, "cpu", float("nan"))
+    assert band == 3264, band
+    assert (out.data_ptr() - buf.data_ptr()) % 128 == 0 and buf.numel() == 2 * band + 603
+
+
+def test_batch_invariance_is_checked_from_two_rows(device):
+    """M = 2 already has another row to replace: a kernel whose checked row i reads the other
+    row (column 5 of its output only) fails there, and the message names that column."""
+    c = checks.cases("small", paths=["int_gemv"], ms=[2], dtypes=["bf16"], layouts=["prepared"])[0]
+    real = registry.get(c.path).kernel()
+    i = c.seed % c.m
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots)
+        y[i, 5] = y[i, 5] + x[1 - i, 0].to(y.dtype) * 4
+        return y
+    r = checks.evaluate(c, device, checks=("batch",), kernel=run)
+    assert r.batch_invariant is False and f"row {i} changed in 1 of" in r.message() \
+        and "first at n=5:" in r.message(), r.message()
+    assert checks.evaluate(c, device, checks=("batch",)).batch_invariant is True
+
+
+def test_determinism_reruns_five_times_by_default(device):
+    """Reruns: five by default. A kernel that drifts by one ulp on its fifth call after the first
+    is caught with the default and not with reruns=3."""
+    real = registry.get(CASE.path).kernel()
+    calls = {"n": 0}
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots)
+        calls["n"] += 1
+        if calls["n"] == 6:
+            y.view(torch.int16)[0, 0] += 1
+        return y
+    r = checks.evaluate(CASE, device, checks=("determinism",), kernel=run)
+    assert "not deterministic: 5 reruns" in r.message(), r.message()
+    calls["n"] = 0
+    assert checks.evaluate(CASE, device, checks=("determinism",), reruns=3, kernel=run).ok
+
+
+def test_a_nan_row_missing_one_nan_is_named_at_that_column(device):
+    """x gets one NaN in row i: the dense reference's row i is NaN everywhere, so a kernel that
+    writes 0 at one column of that row fails, naming the column."""
+    real = registry.get(CASE.path).kernel()
+    col = int(checks.Inputs(checks.resolve(CASE), device).rows[1])
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots)
+        bad = torch.isnan(x).any(1)
+        if bad.any():
+            y[bad.nonzero()[0, 0], col] = 0
+        return y
+    r = checks.evaluate(CASE, device, checks=("nan",), kernel=run)
+    assert r.nan_exact is False and "1 of" in r.message() and f"first n={col}: 0.0" in r.message(), r.message()
+
+
+def test_the_declared_fold_check_takes_a_prepared_only_path_as_it_is(device):
+    """mmq_wgmma serves the prepared layout alone: its declared-fold check runs on prepared
+    weights and passes (its twin on the interpreter keeps mmq's order)."""
+    if device == "cuda":
+        pytest.skip("the declared-fold check runs on the interpreter")
+    c = checks.cases("small", paths=["mmq_wgmma"], ms=[17], dtypes=["bf16"], layouts=["prepared"])[0]
+    r = checks.evaluate(c, device, checks=("fold",))
+    assert r.fold_exact is True, r.message()
