@@ -144,6 +144,34 @@ def test_one_activation_changed_is_caught_by_its_hash(tiny, tmp_path, capsys):
     assert rc == 1 and f"FAIL {EXACT.id}: integrity" in out and "reproduce: ./pq2 --device" in out
 
 
+def test_a_damaged_input_names_only_the_cases_that_read_it(tmp_path):
+    """Three cases, the third with an x of its own (M = 18): one element of that x changed names
+    that case alone; a tensor added to the inputs file, read by no case, changes the file's hash
+    but names no case."""
+    other = checks._seeded(checks.Case("mmq", "t", 40, 256, 18, "bf16", "prepared", "outliers"))
+    d = tmp_path / KEY
+    golden.capture(d, TAMPER + [other], DEVICE, log=lambda s: None)
+    man = _manifest(d)
+    e = next(e for e in man["cases"] if e["id"] == other.id)
+    assert len(man["cases"]) == 3 and all(c["x"] != e["x"] for c in man["cases"] if c["id"] != other.id)
+    # a capture is shared and diffed: files readable by all, the manifest in one canonical form
+    assert all((d / f).stat().st_mode & 0o777 == 0o644 for f in man["files"]), man["files"]
+    text = (d / golden.MANIFEST).read_text()
+    assert text == json.dumps(json.loads(text), indent=1, sort_keys=True) + "\n"
+    clean = tmp_path / "clean"
+    shutil.copytree(d, clean)
+    _edit_tensor(d, golden.INPUTS, e["x"], _flip(0, 0))
+    with pytest.raises(golden.GoldenIntegrityError) as err:
+        golden.load(d)
+    assert f"1 cases affected: {other.id}" in str(err.value), str(err.value)
+    t = load_file(str(clean / golden.INPUTS))
+    t["unread"] = torch.zeros(4)
+    save_file(t, str(clean / golden.INPUTS))
+    with pytest.raises(golden.GoldenIntegrityError) as err:
+        golden.load(clean)
+    assert "no case's tensor changed (the change is outside them)" in str(err.value), str(err.value)
+
+
 def test_one_weight_byte_changed_is_caught_by_its_hash(tiny, tmp_path):
     d = _copy(tiny, tmp_path)
     man = _manifest(d)
