@@ -569,13 +569,10 @@ def test_a_step_bias_at_its_threshold_passes_and_beyond_it_either_way_fails(mlp_
 
     def planted(c, out, refs):
         m = real(c, out, refs)
-        return {**m, "t_scale": t} if c is c2 else {**m, "t_scale": 0.0, "t_offset": 0.0}
+        return {**m, "t_scale": t if c is c2 else 0.0, "t_offset": 0.0}
     monkeypatch.setattr(chain.replay, "side_metrics", planted)
     got = [f for f in _eval(ch, s, crefs, c2, refs2, zb=zb)["per_call_failures"] if "biased" in f]
     want = [f"step 2 {s.y2.path}: biased, t_scale = {t:.3g} standard errors (|t| > {zb:.2f})"] if failed else []
-    real_offset = real(c2, s.y2, refs2)["t_offset"]
-    if abs(real_offset) > zb:
-        want.append(f"step 2 {s.y2.path}: biased, t_offset = {real_offset:.3g} standard errors (|t| > {zb:.2f})")
     assert got == want, got
 
 
@@ -620,7 +617,7 @@ def test_a_claimed_bit_identity_broken_by_one_ulp_fails_unless_a_fault_is_plante
     from pq2verify.gsm8k.runs import parse_spec
     _, _, crefs, _, _, chs, weights = _one_side(mlp_capture, device)
     outs_a = chain.run_side(parse_spec("legacy"), chs, weights)
-    outs_b = chain.run_side(parse_spec("legacy"), chs, weights)
+    outs_b = list(outs_a)          # B ran the same paths: A's outputs, one of them changed below
     b0 = outs_b[0]
     y = b0.y2.y.clone()
     y.view(torch.int16)[0, 3] += 1

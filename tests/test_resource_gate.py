@@ -83,6 +83,9 @@ def test_the_default_static_shared_memory_is_the_reserved_kilobyte():
 def test_occupancy_refuses_impossible_programs_and_takes_the_zero_edges(args):
     with pytest.raises(ValueError, match="occupancy: expected"):
         resources.occupancy(*args)
+
+
+def test_occupancy_takes_zero_registers_and_shared_memory():
     assert resources.occupancy(0, 0, 1, 0)[0] == 32      # zero everything, one warp: the block cap
 
 
