@@ -445,3 +445,34 @@ def test_the_declared_fold_check_takes_a_prepared_only_path_as_it_is(device):
     c = checks.cases("small", paths=["mmq_wgmma"], ms=[17], dtypes=["bf16"], layouts=["prepared"])[0]
     r = checks.evaluate(c, device, checks=("fold",))
     assert r.fold_exact is True, r.message()
+
+
+def test_the_declared_fold_message_names_the_first_differing_output(device):
+    """Two outputs changed, the later one in the earlier row: the count is 2 and the first one
+    named is row-major first, with the kernel's value against the unchanged one."""
+    if device == "cuda":
+        pytest.skip("the declared-fold check runs on the interpreter")
+    real = importlib.import_module("kernels.int_gemv").run
+    seen = {}
+
+    def run(x, w, *, out=None, dots=None):
+        y = real(x, w, out=out, dots=dots)
+        seen.update(orig=float(y[0, 70]), n=y.numel())
+        y[2, 5] = y[2, 5] + 1.0
+        y[0, 70] = y[0, 70] * 2.0 + 1.0
+        seen["new"] = float(y[0, 70])
+        return y
+    assert checks.evaluate(CASE, device, checks=("fold",)).fold_exact is True   # the unchanged kernel's order
+    r = checks.evaluate(CASE, device, checks=("fold",), kernel=run)
+    msg = r.message()
+    assert r.fold_exact is False and f"declared fold: 2 of {seen['n']} outputs differ" in msg, msg
+    assert f"first y[0, 70] = {seen['new']!r} vs {seen['orig']!r}" in msg, msg
+
+
+def test_inputs_of_another_path_are_judged_as_the_case_asked(device):
+    """Inputs built for one path's case serve another path's case of the same data: the result
+    is the asked case's, run by its own path (the inputs' case is not taken over)."""
+    other = replace(CASE, path="small_mma")
+    inp = checks.Inputs(CASE, device)
+    r = checks.evaluate(other, device, checks=("rms",), inp=inp)
+    assert r.case == other and r.ok, r.message()

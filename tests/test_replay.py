@@ -666,3 +666,41 @@ def test_step_2s_bound_sums_what_its_arithmetic_multiplies(mlp_capture, device, 
     _eval(ch, s, crefs, c2, refs2)
     other = {"abs_integer": "abs_floating", "abs_floating": "abs_integer"}[want]
     assert want in asked and other not in asked, (spec, asked)
+
+
+def test_the_reported_coherence_is_the_residue_lined_up_with_w_in_either_direction(mlp_capture, device, monkeypatch):
+    """Coherence: max over outputs of |(h - Hr) W'^T| / sigma. Hr planted at h + Eh sign(W'[0]):
+    the residue lines up with output 0's row against it, so the largest projection is negative;
+    the value is its magnitude, computed here from the planted residue and W' alone."""
+    from pq2verify import chain
+    ch, s, crefs, c2, refs2, _, _ = _one_side(mlp_capture, device)
+    h = s.h.double().numpy()
+    w = crefs.w_fold(ch)
+    eh = np.full_like(h, 0.25)
+    res = -eh * np.sign(w[0])                                # h - Hr
+    monkeypatch.setattr(chain, "activation_bound", lambda *a: (h - res, eh))
+    proj = (res @ w.T) / np.sqrt((eh ** 2) @ (w ** 2).T)
+    want = float(np.max(np.abs(proj)))
+    assert want == -float(proj.min()) > float(proj.max())     # the largest lies below zero
+    got = _eval(ch, s, crefs, c2, refs2)["coherence"]
+    assert got == pytest.approx(want, rel=1e-12), (got, want)
+
+
+def test_the_reported_bound_adds_the_size_of_the_signed_terms(mlp_capture, device, monkeypatch):
+    """bound_rel = ||B2 + z sigma + |terms 2 and 4||| / ||D2||: a signed term below zero widens
+    the bound as one above does. Planted: B2 = c everywhere, z = 0, Hr = the FP64 chain's h (term
+    4 is zero), so the expected value is ||c + |R2 - D2h||| / ||D2||, from the references."""
+    from pq2verify import chain, numerics, registry
+    ch, s, crefs, c2, refs2, _, _ = _one_side(mlp_capture, device)
+    fp = crefs.fp64[ch.call.key]
+    monkeypatch.setattr(chain, "activation_bound", lambda *a: (fp["h"], np.ones_like(fp["h"])))
+    p2 = registry.get(s.y2.path)
+    term2 = refs2.get(c2, p2.reference) - refs2.get(c2, "dense")
+    assert term2.min() < 0 < term2.max(), "needs signed terms"
+    c = float(np.abs(term2).max())
+    # step 2's bound in the chain alone (the per-call checks keep theirs)
+    monkeypatch.setattr(chain, "numerics", types.SimpleNamespace(
+        **{**vars(numerics), "element_bound": lambda *a: (np.full_like(term2, c), None, None)}))
+    got = _eval(ch, s, crefs, c2, refs2, z=0.0)["bound_rel"]
+    want = float(np.linalg.norm(c + np.abs(term2)) / np.linalg.norm(fp["d2"]))
+    assert got == pytest.approx(want, rel=1e-12), (got, want)
