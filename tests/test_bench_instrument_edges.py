@@ -159,3 +159,18 @@ def test_relative_rms_of_nothing_or_a_nan_reference_is_not_a_pass():
     b[3] = float("nan")
     assert checkafter._same(torch.ones(8), b, 0.1) is False
     assert checkafter._same(torch.zeros(8), torch.zeros(8), 0.1) is True    # 0 <= 0.1 x 0
+
+
+@pytest.mark.parametrize("at", [0, 7, 22], ids=["first", "in-block", "last-block"])
+def test_an_inf_in_the_reference_is_not_a_pass_whatever_the_output(at, monkeypatch):
+    """An inf in the reference b makes sum b^2 inf, and tol x inf admits any finite output:
+    [5, -7, ...] against a reference holding one inf must fail, in whichever block it sits."""
+    from pq2verify.bench import checkafter
+    monkeypatch.setattr(checkafter, "CHUNK", 5)
+    a = torch.arange(23, dtype=torch.float32) * 5 - 7
+    for inf in (float("inf"), float("-inf")):
+        b = torch.ones(23)
+        b[at] = inf
+        got = checkafter._same(a, b, 0.1)
+        assert got is False, _repro("test_an_inf_in_the_reference_is_not_a_pass_whatever_the_output") + \
+            f": b[{at}] = {inf}, got {got}"
