@@ -137,14 +137,15 @@ def main(argv=None) -> int:
     try:
         if len(names) != 2:
             raise ValueError(f"--paths: expected two paths P,Q, got {a.paths!r}")
+        # the ranges first: M = 0 is a bad --m, not a path that does not serve it
+        for opt, v, lo in (("--span", a.span, 3), ("--n", a.n, 1), ("--m", a.m, 1)):
+            if v is not None and v < lo:
+                raise ValueError(f"{opt}: expected an integer >= {lo}, got {v}")
         ps = [registry.get(n) for n in names]
         for p in ps:
             if not p.serves(a.m) or p.weight != "pq2":
                 raise ValueError(f"--paths: {p.name} does not serve M={a.m} on PQ2 weights")
         _check_k(a.k)
-        for opt, v, lo in (("--span", a.span, 3), ("--n", a.n, 1), ("--m", a.m, 1)):
-            if v is not None and v < lo:
-                raise ValueError(f"{opt}: expected an integer >= {lo}, got {v}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
