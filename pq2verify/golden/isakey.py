@@ -49,11 +49,12 @@ def _cpu() -> tuple[str, str]:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 k, _, v = (t.strip() for t in line.partition(":"))
+                if not k and (vendor != "unknown" or flags is not None):
+                    break           # the first processor's block ends (arm64 prints Features first)
                 if k in ("vendor_id", "CPU implementer") and vendor == "unknown":
                     vendor = v
-                elif k in ("flags", "Features"):
+                elif k in ("flags", "Features") and flags is None:
                     flags = set(v.split())
-                    break
     except OSError:
         pass
     return vendor, "unknown" if flags is None else " ".join(f for f in _ISA_FLAGS if f in flags)
