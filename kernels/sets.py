@@ -118,7 +118,7 @@ def record(key: str) -> dict:
 def held(name: str, entry: dict) -> bool:
     """An entry is trusted only if it is of this format, its rule is 'proven', it is for the
     path's table counterpart, and it was derived from the kernel sources as they are now."""
-    p = table.BY_NAME.get(name)
+    p = table.by_name().get(name)       # the attached host's table, as every other lookup
     return (p is not None and isinstance(entry, dict) and entry.get("format") == FORMAT
             and entry.get("rule") == "proven" and entry.get("counterpart") == p.counterpart
             and entry.get("sources") == sources_digest(name, p.counterpart))
