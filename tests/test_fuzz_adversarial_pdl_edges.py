@@ -585,8 +585,8 @@ def test_each_quantize_launch_zeroes_counters_only_for_a_split_consumer():
     assert seen == {(p, s) for p in ("gemv", "small_mma", "quantize") for s in (True, False)}, (seen, repro(t))
 
 
-def test_the_old_list_is_5f06600s_six_launches():
-    t = "test_the_old_list_is_5f06600s_six_launches"
+def test_the_old_launch_list_holds_its_six_launches():
+    t = "test_the_old_launch_list_holds_its_six_launches"
     from pq2verify.sm90 import pdl
     old = pdl.old_pdl_launches()
     assert [e["label"] for e in old] == ["gemv 34816x5120 M=1", "gemv 5120x17408 M=1", "small_mma 34816x5120 M=16",
