@@ -16,6 +16,7 @@ Profiles:
 - bench: normal activations, unit stride, seeded by shape and M (`bench_case`).
 - selftest: one small check case per path (`selftest_case`).
 """
+import bisect
 import zlib
 from dataclasses import dataclass, replace
 
@@ -188,15 +189,20 @@ def check_cases(shapes="small", paths=None, kset=None, ms=None, dtypes=None, lay
         raise ValueError(f"--shapes: expected one of {', '.join(SHAPES)}, got {shapes!r}")
     _validate(ms, dtypes, layouts)
     sel = select_paths(paths, kset, key)
+    full = MS[shapes]
     out = []
     for p in sel:
         for shape, n, k in SHAPES[shapes][p.weight]:
-            for i, m in enumerate(ms or MS[shapes]):
+            for m in ms or full:
                 if not p.serves(m):
                     continue
-                for j, dt in enumerate(dtypes or DTYPES):
+                # the rotation counts over the full profile, so a filter keeps the full run's
+                # cases; an M outside the profile takes the place it would sort into
+                i = full.index(m) if m in full else bisect.bisect_left(full, m)
+                for dt in dtypes or DTYPES:
                     if DTYPES[dt] not in p.dtypes:
                         continue
+                    j = list(DTYPES).index(dt)
                     for lay in layouts or p.layouts:
                         if lay not in p.layouts:
                             continue
@@ -236,12 +242,16 @@ def bench_case(path: str, shape: str, n: int, k: int, m: int, dtype: str, layout
 
 
 def selftest_case(p: registry.Path) -> Case:
-    """One case of the small check matrix: bf16, the path's last layout, at least 3 groups (so
-    a reordered fold changes bits), the smallest such shape, and M = 2 where served (rows to
-    shift, batch invariance), else the path's smallest M."""
+    """One small-shape case per path: bf16, the path's last layout, at least 3 groups (so a
+    reordered fold changes bits), the smallest such shape, and M = 2 where served (rows to
+    shift, batch invariance), else the path's smallest M. Its inputs are the rotation's first
+    (normal activations, heavy on the raw layout) at unit stride, not the check matrix's cell:
+    the planted faults are sized for them, and on the cell's inputs at M = 2 (heavier tails)
+    small_gemm's one-ulp fault sits inside its per-element bound."""
     m = 2 if p.serves(2) else p.m_min
-    cs = [c for c in check_cases("small", paths=[p.name], ms=[m], dtypes=["bf16"], layouts=[p.layouts[-1]])
-          if c.k >= 3 * 128]
+    lay = p.layouts[-1]
+    cs = [seeded(replace(c, kind=ACTIVATION_KINDS[lay == "raw"], strided=False))
+          for c in check_cases("small", paths=[p.name], ms=[m], dtypes=["bf16"], layouts=[lay]) if c.k >= 3 * 128]
     if not cs:
         raise ValueError(f"selftest: no small case of path {p.name} with M={m}, bf16, K >= 384")
     return min(cs, key=lambda c: (c.n * c.k, c.id))
