@@ -495,7 +495,7 @@ GEMV_SHAPES = [(960, 2560), (576, 640), (1000, 640), (5120, 17408)]
 
 
 @pytest.mark.parametrize("layout", ["prepared", "raw"])
-def test_the_gemv_launch_record_is_what_gemv_run_launches(sm90, layout):
+def test_the_gemv_launch_record_is_what_gemv_run_launches(sm90, layout, cpu_only):
     t = "test_the_gemv_launch_record_is_what_gemv_run_launches"
     from kernels import gemv, prepare
     from pq2verify.sm90 import launches
@@ -513,7 +513,7 @@ def test_the_gemv_launch_record_is_what_gemv_run_launches(sm90, layout):
 
 
 @pytest.mark.parametrize("layout", ["prepared", "raw"])
-def test_the_small_mma_launch_record_is_what_small_mma_run_launches(sm90, layout):
+def test_the_small_mma_launch_record_is_what_small_mma_run_launches(sm90, layout, cpu_only):
     t = "test_the_small_mma_launch_record_is_what_small_mma_run_launches"
     from kernels import prepare, small_mma
     from pq2verify.sm90 import launches
@@ -534,7 +534,7 @@ def test_the_small_mma_launch_record_is_what_small_mma_run_launches(sm90, layout
 
 
 @pytest.mark.parametrize("m, k, counters", [(1, 640, 0), (1, 5120, 20), (16, 2560, 8), (4, 17408, 40)])
-def test_the_quantize_launch_record_is_what_quantize_q8_launches_with_pdl(sm90, m, k, counters):
+def test_the_quantize_launch_record_is_what_quantize_q8_launches_with_pdl(sm90, m, k, counters, cpu_only):
     t = "test_the_quantize_launch_record_is_what_quantize_q8_launches_with_pdl"
     from kernels import prepare
     from pq2verify.sm90 import launches
@@ -635,7 +635,7 @@ RESOURCE_CALLS = [("native", 960, 640, 32), ("int_gemv", 960, 2560, 4), ("int_ge
 
 
 @pytest.mark.parametrize("name, n, k, m", RESOURCE_CALLS, ids=[f"{c[0]}-{c[1]}x{c[2]}-m{c[3]}" for c in RESOURCE_CALLS])
-def test_the_resource_launch_records_are_what_each_run_launches(sm90, name, n, k, m):
+def test_the_resource_launch_records_are_what_each_run_launches(sm90, name, n, k, m, cpu_only):
     t = "test_the_resource_launch_records_are_what_each_run_launches"
     from kernels import prepare
     from pq2verify.sm90 import launches
