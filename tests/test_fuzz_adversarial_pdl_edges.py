@@ -490,6 +490,16 @@ def _same_launch(recorder, launch, pdl, t):
     assert opts == ({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}), repro(t)
 
 
+def _recorded(sm90, mod, attr):
+    """mod's kernel `attr` replaced by a Recorder, its Q8 activations by a stub: run() launches
+    are recorded, not run."""
+    from kernels import prepare
+    rec = Recorder(getattr(mod, attr).arg_names)
+    sm90.setattr(mod, attr, rec)
+    sm90.setattr(prepare, "quantize_q8", lambda x, order, pdl, zero: _q8_stub(*x.shape))
+    return rec
+
+
 # (N, K): single-split and split-K, tile-aligned and a ragged N (MASKED), from the GSM8K model's shapes
 GEMV_SHAPES = [(960, 2560), (576, 640), (1000, 640), (5120, 17408)]
 
@@ -497,11 +507,9 @@ GEMV_SHAPES = [(960, 2560), (576, 640), (1000, 640), (5120, 17408)]
 @pytest.mark.parametrize("layout", ["prepared", "raw"])
 def test_the_gemv_launch_record_is_what_gemv_run_launches(sm90, layout, cpu_only):
     t = "test_the_gemv_launch_record_is_what_gemv_run_launches"
-    from kernels import gemv, prepare
+    from kernels import gemv
     from pq2verify.sm90 import launches
-    rec = Recorder(gemv._gemv_kernel.arg_names)
-    sm90.setattr(gemv, "_gemv_kernel", rec)
-    sm90.setattr(prepare, "quantize_q8", lambda x, order, pdl, zero: _q8_stub(*x.shape))
+    rec = _recorded(sm90, gemv, "_gemv_kernel")
     splits = set()
     for n, k in GEMV_SHAPES:
         for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
@@ -515,11 +523,9 @@ def test_the_gemv_launch_record_is_what_gemv_run_launches(sm90, layout, cpu_only
 @pytest.mark.parametrize("layout", ["prepared", "raw"])
 def test_the_small_mma_launch_record_is_what_small_mma_run_launches(sm90, layout, cpu_only):
     t = "test_the_small_mma_launch_record_is_what_small_mma_run_launches"
-    from kernels import prepare, small_mma
+    from kernels import small_mma
     from pq2verify.sm90 import launches
-    rec = Recorder(small_mma._small_mma_kernel.arg_names)
-    sm90.setattr(small_mma, "_small_mma_kernel", rec)
-    sm90.setattr(prepare, "quantize_q8", lambda x, order, pdl, zero: _q8_stub(*x.shape))
+    rec = _recorded(sm90, small_mma, "_small_mma_kernel")
     splits, masked = set(), set()
     for n, k in GEMV_SHAPES:
         for m in (2, 16):
