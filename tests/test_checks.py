@@ -476,3 +476,24 @@ def test_inputs_of_another_path_are_judged_as_the_case_asked(device):
     inp = checks.Inputs(CASE, device)
     r = checks.evaluate(other, device, checks=("rms",), inp=inp)
     assert r.case == other and r.ok, r.message()
+
+
+def test_the_declared_fold_is_the_interpreters_own(device):
+    """gemv at M = 1 folds in another order on the interpreter (2 lanes, 2 splits) than on a GPU
+    (8 lanes, 1 split): the check emulates the interpreter's order, so the unchanged kernel
+    passes, and a changed output's message names that order, not the GPU's."""
+    if device == "cuda":
+        pytest.skip("the declared-fold check runs on the interpreter")
+    c = checks.cases("small", paths=["gemv"], ms=[1], dtypes=["bf16"], layouts=["prepared"])[0]
+    p = registry.get("gemv")
+    mine, gpu = (p.fold(checks.FOLD_N, checks.FOLD_K, 1, interpret=i) for i in (True, False))
+    assert mine != gpu, "precondition: the two orders differ at the fold check's shape"
+    assert checks.evaluate(c, device, checks=("fold",)).fold_exact is True
+    real = importlib.import_module("kernels.gemv").run
+
+    def run(x, w, **kw):
+        y = real(x, w, **kw)
+        y[0, 3] = y[0, 3] * 2.0 + 1.0
+        return y
+    msg = checks.evaluate(c, device, checks=("fold",), kernel=run).message()
+    assert f"declared FP32 order {mine}" in msg and f"{gpu}" not in msg, msg
