@@ -86,9 +86,15 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, t_ptr, U, G, stride_xm, zero_ptr, Z, s
     tl.store(t_ptr + u, t, mask=umask)
 
 
+def _quantize_config(units, interpret=None):
+    """(BU, warps) for `units` groups. interpret: the interpreter's config or the GPU's (default:
+    this process's), so a GPU launch can be described from an interpreting process."""
+    return _quantize_config_for(units, INTERPRET if interpret is None else bool(interpret))
+
+
 @functools.lru_cache(maxsize=None)
-def _quantize_config(units):
-    if INTERPRET:
+def _quantize_config_for(units, interpret):
+    if interpret:
         return min(triton.next_power_of_2(units), 256), 4   # few programs: the interpreter pays per program
     return min(triton.next_power_of_2(units), 8), 4         # 1024 values a program
 

@@ -445,8 +445,7 @@ TYPES = {torch.int32: "*i32", torch.float32: "*fp32", torch.uint8: "*u8", torch.
 
 @pytest.fixture
 def sm90(monkeypatch):
-    """Outside the interpreter as on an sm_90 GPU (the GPU configs), the quantize kernel's
-    config cache cleared on both sides (it remembers the interpreter's)."""
+    """Outside the interpreter as on an sm_90 GPU (the GPU configs)."""
     import kernels.common
     from kernels import prepare
     # imported in this process's mode first: a kernel module binds the mode when imported
@@ -454,9 +453,7 @@ def sm90(monkeypatch):
         importlib.import_module(f"kernels.{name}")
     monkeypatch.setattr(kernels.common, "INTERPRET", False)
     monkeypatch.setattr(prepare, "INTERPRET", False)
-    prepare._quantize_config.cache_clear()
     yield monkeypatch
-    prepare._quantize_config.cache_clear()
 
 
 def _weight(n, k, layout):
@@ -554,6 +551,17 @@ def test_the_quantize_launch_record_is_what_quantize_q8_launches_with_pdl(sm90, 
             assert r["zero_ptr"] is r["t_ptr"], repro(t)
         _same_launch(rec, launches.quantize_launch(m, k, counters, name), True, t)
         assert r["launch_pdl"] is True, repro(t)
+
+
+@pytest.mark.parametrize("m, k, bu", [(1, 5120, 8), (1, 256, 2), (4, 17408, 8), (16, 2560, 8)])
+def test_the_quantize_launch_record_is_sm90s_in_an_interpreting_process(m, k, bu):
+    """The record describes the sm_90 launch whatever this process runs: BU is the GPU's
+    min(next power of 2 of M*K/128, 8) groups a program (1024 values), not the interpreter's
+    up to 256 (m=1, k=5120: 40 groups -> 8, the interpreter's 64; k=256: 2 -> 2 on both)."""
+    t = "test_the_quantize_launch_record_is_sm90s_in_an_interpreting_process"
+    from pq2verify.sm90 import launches
+    _, (fn, _ptrs, ints, consts, warps, stages), _ = launches.quantize_launch(m, k, 0)
+    assert (consts["BU"], warps, stages, ints["U"]) == (bu, 4, 1, m * k // 128), (consts["BU"], repro(t))
 
 
 # --- sm90: the PDL launch list ---------------------------------------------------------------------

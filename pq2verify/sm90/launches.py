@@ -57,7 +57,7 @@ def quantize_launch(m, k, counters, dtype="bf16"):
     split-K counters (0: the consumer does not split; prepare.quantize_q8 then passes the sums)."""
     from kernels import prepare
     g = k // 128
-    bu, warps = prepare._quantize_config(m * g)
+    bu, warps = prepare._quantize_config(m * g, interpret=False)
     ptrs = dict(x_ptr=f"*{dtype}", q_ptr="*i8", s_ptr="*fp32", t_ptr="*i32", zero_ptr="*i32")
     ints = dict(U=m * g, G=g, stride_xm=k, Z=counters, stride_sg=0)
     consts = dict(BU=bu, PLANE=True, PDL=True, ZB=triton.next_power_of_2(counters) if counters else 0, BYG=False,
