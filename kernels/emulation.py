@@ -277,7 +277,8 @@ def dense(path_name: str, x: torch.Tensor, w: torch.Tensor, *, interpret: bool =
     partials over its K splits, added in order, one final rounding."""
     f = table.get(path_name).fold(w.shape[0], x.shape[1], x.shape[0], interpret=interpret, config=config)
     if f is None:
-        return torch.matmul(x, w.t())
+        from . import cublas      # the path's own product, FP32 reductions included
+        return cublas.product(x, w)
     k, step = x.shape[1], f["k_per_split"]
     xf, wf = x.to(torch.float32), w.to(torch.float32)
     acc = None
