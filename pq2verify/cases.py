@@ -196,9 +196,9 @@ def check_cases(shapes="small", paths=None, kset=None, ms=None, dtypes=None, lay
             for m in ms or full:
                 if not p.serves(m):
                     continue
-                # the rotation counts over the full profile, so a filter keeps the full run's
-                # cases; an M outside the profile takes the place it would sort into
-                i = full.index(m) if m in full else bisect.bisect_left(full, m)
+                # the rotation counts over the full profile (sorted), so a filter keeps the full
+                # run's cases; an M outside the profile takes the place it would sort into
+                i = bisect.bisect_left(full, m)
                 for dt in dtypes or DTYPES:
                     if DTYPES[dt] not in p.dtypes:
                         continue

@@ -391,3 +391,9 @@ def test_an_m_outside_the_profile_rotates_as_the_m_it_sorts_beside():
     sixteen = {(c.path, c.shape, c.dtype, c.layout): (c.kind, c.strided) for c in cases.check_cases("small", ms=[16])}
     shared = five.keys() & sixteen.keys()
     assert shared and all(five[x] == sixteen[x] for x in shared), sorted(shared)
+
+
+def test_every_profiles_ms_are_sorted_and_distinct():
+    # check_cases places each M in the full profile by bisection: an unsorted list misplaces it
+    for name, ms in cases.MS.items():
+        assert list(ms) == sorted(set(ms)), REPRO + f"MS[{name!r}] = {ms}"
