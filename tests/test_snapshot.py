@@ -134,9 +134,20 @@ def test_selftest_verdicts(run, tmp_path):
     d = json.loads(j.read_text())
     got = {"exit": rc, "summary": d["summary"],
            "verdicts": [{"fault": v["fault"], "path": v["path"], "status": v["status"],
-                         "caught_by": v.get("caught_by"), "repro": v.get("repro")} for v in d["verdicts"]],
+                         "caught_by": _golden_mode_free(v["path"], v.get("caught_by")), "repro": v.get("repro")}
+                        for v in d["verdicts"]],
            "summary line": [ln for ln in out.splitlines() if "undetected" in ln][-1:]}
     _compare("selftest.json", got)
+
+
+def _golden_mode_free(path: str, caught_by):
+    """An ISA-dependent path's golden check compares bytes on the capture's ISA and within a
+    bound elsewhere, so whether golden catches a one-ulp fault there depends on the CPU the test
+    runs on: for those paths the golden checks are left out of what is held (the other checks'
+    catches are held as for every path)."""
+    if path not in GOLDEN_ISA_DEPENDENT or not caught_by:
+        return caught_by
+    return [c for c in caught_by if c not in ("golden bytes", "golden bound")]
 
 
 def _golden_rows(d: dict) -> list[dict]:
