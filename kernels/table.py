@@ -76,6 +76,9 @@ ENTRIES: tuple[Entry, ...] = (
                       "quantize and GEMV PDL-chained on CUDA"),
     Entry("single", "kernels.single", "tuned", 1, 1, counterpart="int_gemv",
           description="M=1: plane-order DP4A on raw codes minus the group sum; own FP32 sum order"),
+    Entry("gemv_pair", "kernels.gemv_pair", "tuned", 2, 2, counterpart="int_gemv",
+          description="M=2: gemv's masked-plane DP4A, each weight word loaded once for both tokens; "
+                      "gemv's FP32 order per token"),
     Entry("small_mma", "kernels.small_mma", "tuned", 2, 16, counterpart="int_gemv",
           description="four masked code planes into INT8 MMA; split-K with fixed-order reduction"),
     Entry("mmq_planes", "kernels.mmq_planes", "tuned", 17, None, counterpart="mmq",

@@ -8,9 +8,9 @@ values and the layout changes bytes only. Weights are seeded by the shape alone.
 
 Profiles:
 - check: the shape set (`small` on the interpreter, `bonsai27b` on a GPU) x every M in range x
-  dtype x layout; kinds and strided rows rotate over (M, dtype, layout), so each kind and the
-  strided corner are reached without multiplying the matrix, and a filter selects the same
-  cases the full run has.
+  dtype x layout; kinds rotate over (shape, M, dtype, layout) and strided rows over (M, dtype),
+  so each kind and the strided corner are reached without multiplying the matrix, and a filter
+  selects the same cases the full run has.
 - golden: small fixed sets per backend (interpreter, gpu); its ids name committed captures, so
   its rule must not change without a recapture.
 - bench: normal activations, unit stride, seeded by shape and M (`bench_case`).
@@ -192,7 +192,7 @@ def check_cases(shapes="small", paths=None, kset=None, ms=None, dtypes=None, lay
     full = MS[shapes]
     out = []
     for p in sel:
-        for shape, n, k in SHAPES[shapes][p.weight]:
+        for s, (shape, n, k) in enumerate(SHAPES[shapes][p.weight]):
             for m in ms or full:
                 if not p.serves(m):
                     continue
@@ -206,7 +206,8 @@ def check_cases(shapes="small", paths=None, kset=None, ms=None, dtypes=None, lay
                     for lay in layouts or p.layouts:
                         if lay not in p.layouts:
                             continue
-                        r = i + 2 * j + (lay == "raw")
+                        # + s: a path of one or two Ms still reaches every kind over its shapes
+                        r = i + 2 * j + (lay == "raw") + s
                         kind = ACTIVATION_KINDS[r % len(ACTIVATION_KINDS)]
                         out.append(seeded(Case(p.name, shape, n, k, m, dt, lay, kind, strided=(i + j) % 3 == 1)))
     return out

@@ -60,6 +60,7 @@ CLAIMS: dict[str, dict] = {
     "mmq": dict(tol_reason=_OUT),
     "gemv": dict(tol_reason=_OUT, dots_equal_to="int_gemv"),
     "single": dict(tol_reason=_OUT, dots_equal_to="int_gemv"),
+    "gemv_pair": dict(tol_reason=_OUT, dots_equal_to="int_gemv"),
     "small_mma": dict(tol_reason=_OUT, dots_equal_to="int_gemv"),
     "mmq_planes": dict(tol_reason=_OUT, bit_identical_to="mmq", dots_equal_to="mmq"),
     "mmq_wgmma": dict(tol_reason=_OUT, bit_identical_to="mmq", dots_equal_to="mmq"),

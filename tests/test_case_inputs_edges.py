@@ -104,21 +104,23 @@ def test_the_same_seed_draws_the_same_bits_and_another_seed_other_bits():
 
 
 # --- the check profile's rotation ---------------------------------------------------------------
-# small: MS = (1, 2, 3, 16, 17, 33) -> i; DTYPES bf16, fp16 -> j; r = i + 2j + (layout == raw)
-# kinds (normal, heavy, outliers, zero_groups, ties)[r % 5]; strided where (i + j) % 3 == 1
+# small: MS = (1, 2, 3, 16, 17, 33) -> i; DTYPES bf16, fp16 -> j; shape index s (pq2: a 0, b 1;
+# dense: ba 0); r = i + 2j + (layout == raw) + s; kinds (normal, heavy, outliers, zero_groups,
+# ties)[r % 5]; strided where (i + j) % 3 == 1. The cells are on shape b (s = 1), cublas on ba.
 ROTATION = [
-    ("int_gemv", 1, "bf16", "prepared", "normal", False),
-    ("int_gemv", 1, "bf16", "raw", "heavy", False),
-    ("int_gemv", 2, "bf16", "prepared", "heavy", True),
-    ("int_gemv", 1, "fp16", "prepared", "outliers", True),
-    ("int_gemv", 3, "bf16", "prepared", "outliers", False),
-    ("int_gemv", 2, "fp16", "prepared", "zero_groups", False),
-    ("int_gemv", 3, "fp16", "raw", "normal", False),
-    ("int_gemv", 16, "bf16", "raw", "ties", False),
-    ("int_gemv", 16, "fp16", "prepared", "normal", True),
-    ("mmq", 17, "bf16", "prepared", "ties", True),       # i = 4: its index in MS, not among mmq's Ms
-    ("mmq", 33, "fp16", "raw", "zero_groups", False),
-    ("cublas", 2, "fp16", "dense", "zero_groups", False),
+    ("int_gemv", 1, "bf16", "prepared", "heavy", False),          # r = 0 + 0 + 0 + 1
+    ("int_gemv", 1, "bf16", "raw", "outliers", False),            # r = 2
+    ("int_gemv", 2, "bf16", "prepared", "outliers", True),        # i = 1: r = 2
+    ("int_gemv", 1, "fp16", "prepared", "zero_groups", True),     # r = 0 + 2 + 0 + 1
+    ("int_gemv", 3, "bf16", "prepared", "zero_groups", False),    # i = 2: r = 3
+    ("int_gemv", 2, "fp16", "prepared", "ties", False),           # r = 1 + 2 + 1 = 4
+    ("int_gemv", 3, "fp16", "raw", "heavy", False),               # r = 2 + 2 + 1 + 1 = 6
+    ("int_gemv", 16, "bf16", "raw", "normal", False),             # i = 3: r = 5
+    ("int_gemv", 16, "fp16", "prepared", "heavy", True),          # r = 3 + 2 + 1 = 6
+    ("mmq", 17, "bf16", "prepared", "normal", True),      # i = 4: its index in MS, not among mmq's Ms; r = 5
+    ("mmq", 33, "fp16", "raw", "ties", False),            # i = 5: r = 5 + 2 + 1 + 1 = 9
+    ("gemv_pair", 2, "bf16", "prepared", "outliers", True),       # a path of one M: r = 2
+    ("cublas", 2, "fp16", "dense", "zero_groups", False),         # s = 0: r = 1 + 2 = 3
 ]
 
 
@@ -133,10 +135,10 @@ def test_check_rotation_matches_the_hand_worked_cells():
 
 
 def test_every_path_reaches_every_kind_and_both_strides():
-    """Every kind on every path but three, missed by the rule as it is (pinned, a coverage gap):
-    gemv and single serve M = 1 alone (i = 0, r = 2j + raw < 4: never ties); mmq_wgmma has
-    Ms 17, 33 (i = 4, 5) and the prepared layout only (r = 4..7: never zero_groups)."""
-    missed = {"gemv": {"ties"}, "single": {"ties"}, "mmq_wgmma": {"zero_groups"}}
+    """Every kind on every path, and both strides: the rotation counts the shape too, so a path
+    of one M (gemv, single, gemv_pair) or of two Ms and one layout (mmq_wgmma) reaches them all
+    (without the shape, gemv and single never saw ties, mmq_wgmma never zero_groups)."""
+    missed = {}
     cs = cases.check_cases("small")
     assert {c.kind for c in cs} == set(ACTIVATION_KINDS), REPRO
     for p in registry.PATHS:

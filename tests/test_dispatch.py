@@ -21,8 +21,8 @@ def _resolve(m, kset, layout="prepared", dtype=torch.bfloat16):
     return dispatch.resolve(m, w, x, kset).name
 
 
-@pytest.mark.parametrize("m,legacy,tuned", [(1, "int_gemv", "gemv"), (2, "int_gemv", "small_mma"),
-                                            (16, "int_gemv", "small_mma"), (17, "mmq", "mmq_wgmma"),
+@pytest.mark.parametrize("m,legacy,tuned", [(1, "int_gemv", "gemv"), (2, "int_gemv", "gemv_pair"),
+                                            (3, "int_gemv", "small_mma"), (16, "int_gemv", "small_mma"), (17, "mmq", "mmq_wgmma"),
                                             (2048, "mmq", "mmq_wgmma")])
 def test_sets_choose_by_m(m, legacy, tuned):
     assert _resolve(m, "legacy") == legacy
@@ -117,7 +117,7 @@ def test_trace_proves_which_path_ran(device):
         pq2_matmul(x, w, kernels="legacy")
         pq2_matmul(x, w, kernels="tuned")
         pq2_matmul(x[:1], w, kernels="tuned")
-    assert t == {"int_gemv": 1, "small_mma": 1, "gemv": 1}
+    assert t == {"int_gemv": 1, "gemv_pair": 1, "gemv": 1}
 
 
 def test_forced_path_outside_its_range_is_an_error():

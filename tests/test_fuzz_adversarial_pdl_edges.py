@@ -565,16 +565,17 @@ def test_the_quantize_launch_record_is_sm90s_in_an_interpreting_process(m, k, bu
 
 
 # --- sm90: the PDL launch list ---------------------------------------------------------------------
-def _chooser(m):
-    """The path a PDL use of M runs on (gemv serves M 1, small_mma 2-16) and its kernel module."""
-    name = "gemv" if m == 1 else "small_mma"
-    return name, importlib.import_module(f"kernels.{name}")
+def _consumers(m):
+    """The PDL paths that serve M (gemv 1, gemv_pair 2, small_mma 2-16) and their kernel modules."""
+    from pq2verify.sm90 import pdl
+    return {name: importlib.import_module(f"kernels.{name}") for name in pdl.PDL_PATHS if registry.get(name).serves(m)}
 
 
 def test_each_quantize_launch_zeroes_counters_only_for_a_split_consumer():
     """A quantize launch (labelled with its first use) zeroes ceil(N / BN) counters where its
-    consumer splits K and none where it does not, as the consumer's sm_90 chooser says; every
-    PDL launch records its consumer's splits, a quantize launch 1."""
+    consumer splits K and none where it does not, as the consumer's sm_90 chooser says (at an M
+    two PDL paths serve, one of theirs); every PDL launch records its consumer's splits, a
+    quantize launch 1."""
     t = "test_each_quantize_launch_zeroes_counters_only_for_a_split_consumer"
     from pq2verify.sm90 import pdl
     seen = set()
@@ -582,21 +583,20 @@ def test_each_quantize_launch_zeroes_counters_only_for_a_split_consumer():
         name, *use = e["label"].split()
         shape, nk, m = use[:3]
         n, k, m = int(nk.split("x")[0]), int(nk.split("x")[1]), int(m[2:])
-        path, mod = _chooser(m)
-        cfg = mod.config(n, k, m, interpret=False)
+        cfgs = {p: mod.config(n, k, m, interpret=False) for p, mod in _consumers(m).items()}
         ints, consts = e["launch"][2], e["launch"][3]
         assert consts["PDL"] is True, (e["label"], repro(t))
         if name == "quantize":
-            want = -(-n // cfg["BN"]) if cfg["SPLIT"] > 1 else 0
-            assert e["label"].endswith(f" counters={want}") and ints["Z"] == want, (e["label"], ints["Z"], want, repro(t))
+            wants = {-(-n // c["BN"]) if c["SPLIT"] > 1 else 0 for c in cfgs.values()}
+            assert ints["Z"] in wants and e["label"].endswith(f" counters={ints['Z']}"), (e["label"], ints["Z"], wants, repro(t))
             assert e["splits"] == 1 and e["weights"] == set(), (e["label"], repro(t))
-            seen.add(("quantize", want > 0))
+            seen.add(("quantize", ints["Z"] > 0))
         else:
-            assert name == path and e["splits"] == cfg["SPLIT"], (e["label"], e["splits"], cfg["SPLIT"], repro(t))
+            assert name in cfgs and e["splits"] == cfgs[name]["SPLIT"], (e["label"], e["splits"], cfgs, repro(t))
             assert e["weights"] == {"codes_ptr", "scales_ptr"}, repro(t)
-            seen.add((name, cfg["SPLIT"] > 1))
+            seen.add((name, cfgs[name]["SPLIT"] > 1))
     # split-K of 2 and more and single-split consumers are all among them
-    assert seen == {(p, s) for p in ("gemv", "small_mma", "quantize") for s in (True, False)}, (seen, repro(t))
+    assert seen == {(p, s) for p in ("gemv", "gemv_pair", "small_mma", "quantize") for s in (True, False)}, (seen, repro(t))
 
 
 def test_the_old_launch_list_holds_its_six_launches():

@@ -18,7 +18,8 @@ def rec(tokens, topk, answer="1", correct=False, teacher=None, decode_m=None):
     ({"set": "legacy", "paths": {}}, {"set": "tuned", "paths": {"mmq_wgmma": "off"}}, ((1, 16),)),
     ({"set": "tuned", "paths": {}}, {"set": "tuned", "paths": {"mmq_wgmma": "off"}}, ((17, None),)),
     ({"set": "tuned", "paths": {}}, {"set": "tuned", "paths": {"gemv": "off"}}, ((1, 1),)),
-    ({"set": "tuned", "paths": {}}, {"set": "tuned", "paths": {"small_mma": "off"}}, ((2, 16),)),
+    ({"set": "tuned", "paths": {}}, {"set": "tuned", "paths": {"small_mma": "off"}}, ((3, 16),)),   # M 2: gemv_pair
+    ({"set": "tuned", "paths": {}}, {"set": "tuned", "paths": {"gemv_pair": "off"}}, ((2, 2),)),
     ({"set": "legacy", "paths": {}}, {"set": "legacy", "paths": {}}, ((1, None),)),     # nothing differs: all
 ])
 def test_fold_ranges_are_where_b_changes_the_path(a, b, want):

@@ -46,6 +46,7 @@ FACTS = {
     "mmq": ("legacy", 17, None, "pq2", ("raw", "prepared"), "integer", True, None, False),
     "gemv": ("tuned", 1, 1, "pq2", ("raw", "prepared"), "integer", True, "int_gemv", False),
     "single": ("tuned", 1, 1, "pq2", ("raw", "prepared"), "integer", True, "int_gemv", False),
+    "gemv_pair": ("tuned", 2, 2, "pq2", ("raw", "prepared"), "integer", True, "int_gemv", False),
     "small_mma": ("tuned", 2, 16, "pq2", ("raw", "prepared"), "integer", True, "int_gemv", False),
     "mmq_planes": ("tuned", 17, None, "pq2", ("raw", "prepared"), "integer", True, "mmq", True),
     "mmq_wgmma": ("tuned", 17, None, "pq2", ("prepared",), "integer", True, "mmq", False),
@@ -60,6 +61,7 @@ CLAIMS = {
     "mmq": ("quantized", None, None, True, True, False),
     "gemv": ("quantized", None, "int_gemv", True, True, False),
     "single": ("quantized", None, "int_gemv", True, True, False),
+    "gemv_pair": ("quantized", None, "int_gemv", True, True, False),
     "small_mma": ("quantized", None, "int_gemv", True, True, False),
     "mmq_planes": ("quantized", "mmq", "mmq", True, True, False),
     "mmq_wgmma": ("quantized", "mmq", "mmq", True, True, False),
@@ -125,7 +127,7 @@ def test_each_set_in_dispatch_preference_order(monkeypatch):
     m = kernelsets.members
     assert _names(m("legacy", "interpreter", weight="pq2")) == ["int_gemv", "mmq", "native"], REPRO
     assert _names(m("tuned", "interpreter", weight="pq2")) == [
-        "gemv", "single", "small_mma", "mmq_wgmma", "int_gemv", "mmq", "native"], REPRO
+        "gemv", "single", "gemv_pair", "small_mma", "mmq_wgmma", "int_gemv", "mmq", "native"], REPRO
     assert _names(m("legacy", "interpreter", weight="dense")) == ["cublas"], REPRO
     assert _names(m("tuned", "interpreter", weight="dense")) == ["small_gemm", "cublas"], REPRO
     monkeypatch.setattr(kernelsets, "verified_exact", lambda key: {"gemv", "mmq_planes"})
@@ -277,7 +279,7 @@ def test_one_cache_serves_every_m_and_layout_with_its_own_path():
     # catches: the M ranges or the layout missing from the cache key (no cache clear between)
     got = [_resolve(1), _resolve(2), _resolve(17), _resolve(17, layout="raw"), _resolve(16),
            _resolve(1, kset="legacy"), _resolve(2048, kset="legacy")]
-    assert got == ["gemv", "small_mma", "mmq_wgmma", "mmq", "small_mma", "int_gemv", "mmq"], REPRO + str(got)
+    assert got == ["gemv", "gemv_pair", "mmq_wgmma", "mmq", "small_mma", "int_gemv", "mmq"], REPRO + str(got)
 
 
 def test_the_exact_set_checks_the_fold_at_the_calls_n_and_m(monkeypatch):
@@ -303,14 +305,14 @@ def test_the_cache_keys_on_the_dtype_and_a_host_paths_m_range(register_path, mon
     register_path(e, int_gemv.run, protocol={"fold": int_gemv.fold}, tol_reason="t")
     monkeypatch.setenv("PQ2_PATH_BF_ONLY", "on")
     got = [_resolve(4), _resolve(4, dtype=FP16), _resolve(2), _resolve(3), _resolve(6)]
-    assert got == ["bf_only", "small_mma", "small_mma", "bf_only", "small_mma"], REPRO + str(got)
+    assert got == ["bf_only", "small_mma", "gemv_pair", "bf_only", "small_mma"], REPRO + str(got)
 
 
 def test_an_off_switch_never_forces_and_an_on_switch_comes_first(monkeypatch):
     # catches: 'off' taken as forcing, 'on' not preferred over the set's choice
     monkeypatch.setenv("PQ2_PATH_SMALL_MMA", "off")
     assert _names(dispatch.candidates("tuned", "pq2", "interpreter")) == [
-        "gemv", "single", "mmq_wgmma", "int_gemv", "mmq", "native"], REPRO
+        "gemv", "single", "gemv_pair", "mmq_wgmma", "int_gemv", "mmq", "native"], REPRO
     monkeypatch.setenv("PQ2_PATH_NATIVE", "on")
     assert _names(dispatch.candidates("tuned", "pq2", "interpreter"))[:2] == ["native", "gemv"], REPRO
     assert _resolve(4) == "native", REPRO

@@ -127,7 +127,7 @@ def _expected_uses() -> set[tuple]:
     calls = [(n, k, m) for _, n, k in cases.SHAPES["bonsai27b"]["pq2"] for m in big]
     calls += [(n, k, m) for n, k in MODEL for m in range(1, 17)]
     out = set()
-    for name in ("gemv", "small_mma"):
+    for name in ("gemv", "gemv_pair", "small_mma"):
         p = registry.get(name)
         out |= {(name, n, k, m, dt, lay) for n, k, m in calls if p.serves(m)
                 for dt in ("bf16", "fp16") for lay in p.layouts}
@@ -141,11 +141,11 @@ def _use(path: str, use: str) -> tuple:
 
 
 def test_real_pdl_kernels_touch_only_weights_before_the_wait():
-    """gemv, small_mma and the quantize kernel as launched with PDL. gemv prefetches its first
-    chunk of weights before the wait: the check must see those reads (or it would pass by
-    seeing nothing)."""
+    """gemv, gemv_pair, small_mma and the quantize kernel as launched with PDL. gemv and gemv_pair
+    prefetch their first chunk of weights before the wait: the check must see those reads (or it
+    would pass by seeing nothing)."""
     rep = _report()
-    assert {x["kernel"].split()[0] for x in rep} == {"gemv", "small_mma", "quantize"}
+    assert {x["kernel"].split()[0] for x in rep} == {"gemv", "gemv_pair", "small_mma", "quantize"}
     for x in rep:
         assert x["violations"] == [], (f"{x['kernel']} ({x['entry']}) touches more than weights before "
                                        f"griddepcontrol.wait: {x['violations'][:3]}; reproduce: {REPRO}")
@@ -168,10 +168,10 @@ def test_every_pdl_launch_of_the_runs_is_checked():
     want = _expected_uses()
     assert want <= got, f"calls whose PDL launch is not compiled: {sorted(want - got)[:5]}; reproduce: {REPRO}"
     assert {u[1:] for u in got} <= {_use("", u)[1:] for u in quant}, "a PDL launch without its quantize kernel"
-    from kernels import gemv, small_mma
-    split = {(p, n, k, m): (gemv if p == "gemv" else small_mma).config(n, k, m, interpret=False)["SPLIT"]
-             for p, n, k, m, _, _ in want}
-    for p in ("gemv", "small_mma"):
+    from kernels import gemv, gemv_pair, small_mma
+    mods = {"gemv": gemv, "gemv_pair": gemv_pair, "small_mma": small_mma}
+    split = {(p, n, k, m): mods[p].config(n, k, m, interpret=False)["SPLIT"] for p, n, k, m, _, _ in want}
+    for p in mods:
         seen = {x["splits"] == 1 for x in rep if x["kernel"].split()[0] == p}
         assert seen == {True, False}, f"{p}: single-split and split launches expected, got single={seen}"
     assert split[("small_mma", 248320, 5120, 16)] == 1       # lm_head: the case 5f06600 never compiled

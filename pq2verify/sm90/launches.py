@@ -52,6 +52,26 @@ def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
     return c, (mod._gemv_kernel, ptrs, ints, consts, c["num_warps"], 1), {}
 
 
+def gemv_pair_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
+    """(config, compile_sm90 arguments, options) of gemv_pair's kernel on N x K weights in
+    `layout` (M = 2), as gemv_pair.run() launches it; force: fields over the chooser's."""
+    if mod is None:
+        from kernels import gemv_pair as mod
+    c = {**mod.config(n, k, 2, interpret=False), **(force or {})}
+    g, per, gc, split = k // 128, c["groups_per_split"], c["GC"], c["SPLIT"]
+    prepared, out = layout == "prepared", f"*{dtype}"
+    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
+                scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, count_ptr="*i32",
+                dots_ptr=out)
+    ints = dict(a_sm=k // 4, xs_sm=g, t_sm=g, out_sm=n, out_sn=1, d_sm=0, d_sn=0, d_sg=0, N=n, G=g, per=per,
+                **layout_strides(n, k, layout))
+    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1,
+                  CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], SPLIT=split,
+                  MASKED=not (prepared and n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=prepared,
+                  WRITE_DOTS=False, PDL=c["PDL"], INTERP=False)
+    return c, (mod._pair_kernel, ptrs, ints, consts, c["num_warps"], 1), {}
+
+
 def quantize_launch(m, k, counters, dtype="bf16"):
     """The Q8 quantize kernel for x [M, K] of `dtype`, plane order, PDL, zeroing `counters`
     split-K counters (0: the consumer does not split; prepare.quantize_q8 then passes the sums)."""
@@ -139,5 +159,6 @@ RESOURCE_PATHS = {
     "mmq_planes": _mmq_planes,
     "gemv": lambda n, k, m, dtype, layout, cfg: gemv_launch(n, k, None, dtype, layout, force=cfg),
     "small_mma": lambda n, k, m, dtype, layout, cfg: small_mma_launch(load(None), n, k, m, cfg, dtype, layout),
+    "gemv_pair": lambda n, k, m, dtype, layout, cfg: gemv_pair_launch(n, k, None, dtype, layout, force=cfg),
     "mmq_wgmma": None,
 }

@@ -1,15 +1,16 @@
 """The PDL order check's launches: every kernel launched with programmatic dependent launch
-(gemv, small_mma, the quantize kernel), once per compiled specialization, for every shape and M
+(gemv, gemv_pair, small_mma, the quantize kernel), once per compiled specialization, for every shape and M
 the bench, the GPU check and the GSM8K model run; pq2verify.sm90.ptx judges each one's PTX."""
 from .compiler import compile_sm90, load, specialization
-from .launches import gemv_launch, quantize_launch, small_mma_launch
+from .launches import gemv_launch, gemv_pair_launch, quantize_launch, small_mma_launch
 from .shapes import run_shapes
 
 # Pointers that hold weights: constants a PDL kernel may read before its wait.
-WEIGHTS = {"gemv": {"codes_ptr", "scales_ptr"}, "small_mma": {"codes_ptr", "scales_ptr"}, "quantize": set()}
+WEIGHTS = {"gemv": {"codes_ptr", "scales_ptr"}, "gemv_pair": {"codes_ptr", "scales_ptr"}, "small_mma": {"codes_ptr", "scales_ptr"}, "quantize": set()}
 # The PDL-launching paths: name -> (N, K, M, dtype, layout, module) -> (config, compile args, options)
 PDL_PATHS = {
     "gemv": lambda n, k, m, dtype, layout, mod: gemv_launch(n, k, mod, dtype, layout),
+    "gemv_pair": lambda n, k, m, dtype, layout, mod: gemv_pair_launch(n, k, mod, dtype, layout),
     "small_mma": lambda n, k, m, dtype, layout, mod: small_mma_launch(mod or load(None), n, k, m, None, dtype, layout),
 }
 # commit 5f06600's list (tests/test_pdl_order.py shows what it misses): (path, N, K, M)

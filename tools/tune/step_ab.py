@@ -33,7 +33,7 @@ import time
 import torch
 
 from kernels import config as tiles
-from kernels import gemv, gemv_tokens, mmq_wgmma, small_mma
+from kernels import gemv, gemv_pair, mmq_wgmma, small_mma
 from pq2verify import inputs
 from pq2verify.bench import plan
 from pq2verify.bench.contestants import scaled_clone, weight_bytes
@@ -47,7 +47,7 @@ def path_of(m):
     return gemv if m == 1 else small_mma
 
 
-PATHS = {"gemv": gemv, "gemv_tokens": gemv_tokens, "small_mma": small_mma, "mmq_wgmma": mmq_wgmma}
+PATHS = {"gemv": gemv, "gemv_pair": gemv_pair, "small_mma": small_mma, "mmq_wgmma": mmq_wgmma}
 
 
 def module_of(m, fields: dict):
