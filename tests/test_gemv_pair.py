@@ -33,8 +33,8 @@ def _weight(layout, device):
 
 
 @pytest.mark.parametrize("layout", ["prepared", "raw"])
-@pytest.mark.parametrize("kind", ["outliers", "zero_groups"])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_label)
+@pytest.mark.parametrize("cfg,kind", [(c, ("outliers", "zero_groups")[i % 2]) for i, c in enumerate(CONFIGS)],
+                         ids=lambda v: _label(v) if isinstance(v, dict) else v)
 def test_each_row_has_gemv_bits_and_the_reference_dots(cfg, kind, layout, device):
     m = 2
     w = _weight(layout, device)
