@@ -217,12 +217,14 @@ def golden_cases(key: str, paths=None, kset: str | None = None) -> list[Case]:
     """The golden profile of a backend ('interpreter' or any GPU key). Its ids name committed
     captures: changing this rule means recapturing."""
     which = "interpreter" if key == "interpreter" else "gpu"
+    ms = GOLDEN_MS[which]
     out = []
     for p in select_paths(paths, kset, key):
+        # a path that serves none of the profile's Ms (gemv_pair, M = 2, on a GPU) is captured at
+        # its smallest M, at the place that M sorts into: never left without captures
+        mine = [(i, m) for i, m in enumerate(ms) if p.serves(m)] or [(bisect.bisect_left(ms, p.m_min), p.m_min)]
         for shape, n, k, span in GOLDEN_SHAPES[which][p.weight]:
-            for i, m in enumerate(GOLDEN_MS[which]):
-                if not p.serves(m):
-                    continue
+            for i, m in mine:
                 for j, dt in enumerate(DTYPES):
                     if DTYPES[dt] not in p.dtypes or (span == "one" and j):
                         continue

@@ -150,6 +150,24 @@ def test_every_path_reaches_every_kind_and_both_strides():
             REPRO + p.name
 
 
+@pytest.mark.parametrize("key", ["interpreter", "sm90"])
+def test_every_path_has_golden_cases_on_each_backend(key):
+    """A path none of the profile's Ms reach still gets captures, at its smallest M (before this
+    rule gemv_pair, M = 2 alone, had none on a GPU, whose profile Ms are 1, 4, 17, 64)."""
+    gs = cases.golden_cases(key)
+    for p in registry.PATHS:
+        mine = [c for c in gs if c.path == p.name]
+        assert mine, REPRO + f"{p.name}: no golden case on {key}"
+        assert all(p.serves(c.m) for c in mine), REPRO + p.name
+    pair = {c.m for c in gs if c.path == "gemv_pair"}
+    assert pair == {2}, REPRO + str(pair)
+    # the others keep exactly the profile's Ms they serve (their captures are committed)
+    ms = cases.GOLDEN_MS["interpreter" if key == "interpreter" else "gpu"]
+    for name in ("gemv", "small_mma", "int_gemv", "mmq"):
+        p = registry.get(name)
+        assert {c.m for c in gs if c.path == name} == {m for m in ms if p.serves(m)}, REPRO + name
+
+
 def test_golden_gpu_profile_spans_and_strides():
     """gb is span 'one' (first dtype, no raw layout); strided only where M > 1 at odd index i."""
     gs = cases.golden_cases("sm90", paths=["int_gemv"])

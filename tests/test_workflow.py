@@ -98,3 +98,21 @@ def test_a_failing_command_fails_the_driver(tmp_path, failing):
     assert p.returncode == 1
     name = "sanitize" if "sanitize" in failing else failing
     assert re.search(rf"^{name} rc=3 ", stages, re.M), stages
+
+
+def test_a_pytest_stage_at_its_cap_is_interrupted_so_its_summary_is_written(tmp_path):
+    """The stand-in for pytest sleeps past the stage's cap; on SIGINT it writes a summary line (as
+    pytest writes its short summary on KeyboardInterrupt), on TERM or KILL it would write
+    nothing. The stage must end at its cap with that summary in its log."""
+    py = tmp_path / "py"
+    py.write_text('#!/bin/bash\ncase "$*" in *pytest*) ;; *) exit 0 ;; esac\n'
+                  'trap \'echo "short test summary info (interrupted)"; kill $!; exit 2\' INT\n'
+                  'sleep 30 & wait\n')
+    py.chmod(0o755)
+    out = tmp_path / "out"
+    e = {**os.environ, "PY": str(py), "OUT": str(out)}
+    p = subprocess.run(["bash", str(DRIVER), "determinism:2"], cwd=ROOT, env=e, capture_output=True, text=True,
+                       timeout=60)
+    log = (out / "r" / "determinism.log").read_text()
+    assert "short test summary info (interrupted)" in log, p.stdout[-1000:] + p.stderr[-1000:] + log
+    assert re.search(r"^determinism rc=124 \d+ s$", (out / "r" / "stages.txt").read_text(), re.M)
