@@ -33,6 +33,21 @@ def small_mma_launch(mod, n, k, m, force=None, dtype="bf16", layout="prepared"):
     return cfg, (mod._small_mma_kernel, ptrs, ints, consts, cfg["num_warps"], cfg["num_stages"]), opts
 
 
+def _masked_plane_launch(fn, c, n, k, dtype, layout, ints, consts):
+    """gemv's and gemv_pair's shared launch facts: pointer types, the layout's strides and the
+    chunk constexprs of config c, plus the kernel's own ints and consts."""
+    g, per, gc, split = k // 128, c["groups_per_split"], c["GC"], c["SPLIT"]
+    prepared, out = layout == "prepared", f"*{dtype}"
+    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
+                scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, count_ptr="*i32",
+                dots_ptr=out)
+    ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, per=per, **layout_strides(n, k, layout), **ints)
+    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], SPLIT=split,
+                  MASKED=not (prepared and n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=prepared,
+                  WRITE_DOTS=False, PDL=c["PDL"], INTERP=False, **consts)
+    return c, (fn, ptrs, ints, consts, c["num_warps"], 1), {}
+
+
 def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
     """(config, compile_sm90 arguments, options) of gemv's kernel on N x K weights in `layout`
     (M = 1), as gemv.run() launches it (PDL as its config says); force: fields over the
@@ -40,16 +55,7 @@ def gemv_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
     if mod is None:
         from kernels import gemv as mod
     c = {**mod.config(n, k, 1, interpret=False), **(force or {})}
-    g, per, gc, split = k // 128, c["groups_per_split"], c["GC"], c["SPLIT"]
-    prepared, out = layout == "prepared", f"*{dtype}"
-    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
-                scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, count_ptr="*i32",
-                dots_ptr=out)
-    ints = dict(out_sn=1, d_sn=0, d_sg=0, N=n, G=g, per=per, **layout_strides(n, k, layout))
-    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1, CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], SPLIT=split, ACT_FIRST=c["ACT_FIRST"],
-                  MASKED=not (prepared and n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=prepared,
-                  WRITE_DOTS=False, PDL=c["PDL"], INTERP=False)
-    return c, (mod._gemv_kernel, ptrs, ints, consts, c["num_warps"], 1), {}
+    return _masked_plane_launch(mod._gemv_kernel, c, n, k, dtype, layout, {}, dict(ACT_FIRST=c["ACT_FIRST"]))
 
 
 def gemv_pair_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None):
@@ -58,18 +64,9 @@ def gemv_pair_launch(n, k, mod=None, dtype="bf16", layout="prepared", force=None
     if mod is None:
         from kernels import gemv_pair as mod
     c = {**mod.config(n, k, 2, interpret=False), **(force or {})}
-    g, per, gc, split = k // 128, c["groups_per_split"], c["GC"], c["SPLIT"]
-    prepared, out = layout == "prepared", f"*{dtype}"
-    ptrs = dict(a_ptr="*i32", xs_ptr="*fp32", t_ptr="*i32", codes_ptr="*i32" if prepared else "*u8",
-                scales_ptr="*fp16", out_ptr=out, part_ptr="*fp32" if split > 1 else out, count_ptr="*i32",
-                dots_ptr=out)
-    ints = dict(a_sm=k // 4, xs_sm=g, t_sm=g, out_sm=n, out_sn=1, d_sm=0, d_sn=0, d_sg=0, N=n, G=g, per=per,
-                **layout_strides(n, k, layout))
-    consts = dict(BN=c["BN"], GC=gc, LOG_GC=gc.bit_length() - 1,
-                  CHUNKS=-(-per // gc), DEPTH=c["DEPTH"], SPLIT=split,
-                  MASKED=not (prepared and n % c["BN"] == 0 and per % gc == 0 and g % per == 0), PREPARED=prepared,
-                  WRITE_DOTS=False, PDL=c["PDL"], INTERP=False)
-    return c, (mod._pair_kernel, ptrs, ints, consts, c["num_warps"], 1), {}
+    g = k // 128
+    return _masked_plane_launch(mod._pair_kernel, c, n, k, dtype, layout,
+                                dict(a_sm=k // 4, xs_sm=g, t_sm=g, out_sm=n, d_sm=0), {})
 
 
 def quantize_launch(m, k, counters, dtype="bf16"):
