@@ -58,6 +58,8 @@ def _run(tool, argv):
     ("decode_kernel", ["mmq_wgmma", "out", "4", '{"BM": 16}'], "argument config: mmq_wgmma: config field BM=16"),
     ("decode_kernel", ["gemv", "out", "1", "--calls", "0"], "argument --calls: expected an integer >= 1"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq"}}'], "variant 'a': PATH='mmq': expected one of gemv, gemv_pair, mmq_wgmma, small_mma"),
+    ("step_ab", ["--m", "2,4", "--variants", '{"a": {"PATH": "gemv_pair"}}'], "variant 'a': PATH='gemv_pair' computes M=2 only, got --m 2,4"),
+    ("step_ab", ["--m", "2", "--variants", '{"a": {"PATH": "gemv"}}'], "variant 'a': PATH='gemv' computes M=1 only, got --m 2"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 16}}'], "mmq_wgmma: config field BM=16"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "BM": 48}}'], "BM=48"),
     ("step_ab", ["--variants", '{"a": {"PATH": "mmq_wgmma", "SPLIT1": true}}'], "SPLIT1 with PATH mmq_wgmma"),

@@ -24,7 +24,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 pq2() { timeout "$cap" "$PY" -m pq2verify.cli --device cuda "$@"; }
 # pytest at its cap gets SIGINT first: it then stops and still prints its summary with every failure
-# so far (a plain kill lost the messages of 73 failures of a suite cut at 360 s); KILL 60 s later
+# so far (a plain TERM ends it before the summary, and the failures' messages are lost); KILL 60 s later
 pyt() { timeout -s INT -k 60 "$cap" "$PY" -m pytest -q -rs -p no:cacheprovider --device cuda "$@"; }
 pq2m() { PYTHONPATH=$PYTHONPATH:/tmp/site pq2 "$@"; }   # with the model from model_site
 model_site() {   # the default model and gguf into /tmp/site, from the parts carried (see the header)

@@ -48,6 +48,9 @@ def path_of(m):
 
 
 PATHS = {"gemv": gemv, "gemv_pair": gemv_pair, "small_mma": small_mma, "mmq_wgmma": mmq_wgmma}
+# kernels that compute only the rows of their table's M range (gemv one, gemv_pair two): a PATH
+# of one of them at another M would time a wrong call, so it is refused before any work
+TABLE_MS_ONLY = {"gemv": 1, "gemv_pair": 2}
 
 
 def module_of(m, fields: dict):
@@ -103,6 +106,10 @@ def variant_errors(variants: dict, ms: list, shapes=((5120, 5120),)) -> list:
             continue
         if fields.get("SPLIT1") and module_of(1, fields) is mmq_wgmma:
             bad.append(f"variant {lab!r}: SPLIT1 with PATH mmq_wgmma: it never splits")
+            continue
+        only = TABLE_MS_ONLY.get(fields.get("PATH"))
+        if only is not None and any(m != only for m in ms):
+            bad.append(f"variant {lab!r}: PATH={fields['PATH']!r} computes M={only} only, got --m {','.join(map(str, ms))}")
             continue
         for m in ms:
             for n, k in shapes:   # the first shape that refuses it
