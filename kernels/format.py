@@ -16,9 +16,11 @@ BLOCK_BYTES = 34
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes [..., K] in 0..3 -> code bytes [..., K/4]: weight 4b+s at bits 2s of byte b
-    (SPEC §2). The one torch packing; reference.pq2 keeps its own as the oracle."""
-    c = codes.reshape(*codes.shape[:-1], -1, 4).to(torch.int32)
-    return (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)).to(torch.uint8)
+    (SPEC §2). The one torch packing; reference.pq2 keeps its own as the oracle. Byte arithmetic:
+    the low 8 bits of shifts and ORs depend only on the operands' low 8 bits, and a wider copy
+    would take 4 bytes per code (lm_head's 1.27 G codes: 5 GB of a test worker's GPU share)."""
+    c = codes.reshape(*codes.shape[:-1], -1, 4).to(torch.uint8)
+    return c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)
 
 
 def unpack_codes(code_bytes: torch.Tensor) -> torch.Tensor:

@@ -259,3 +259,30 @@ def test_torch_pack_unpack_match_the_reference(rows, blocks, seed):
     packed = pw.pack_codes(torch.from_numpy(codes))
     assert np.array_equal(packed.numpy(), pq2.pack_codes(codes))
     assert np.array_equal(pw.unpack_codes(packed).numpy(), codes)
+
+
+def test_torch_pack_codes_every_byte_and_wide_inputs():
+    """Every byte is reached: the 256 four-code tuples (weight 4b+s at bits 2s, SPEC §2, worked
+    out here) pack to the bytes 0..255 in order; codes given as int64 pack the same."""
+    i = np.arange(256)
+    codes = np.stack([(i >> (2 * s)) & 3 for s in range(4)], axis=1).reshape(1, 1024).astype(np.uint8)
+    assert pw.pack_codes(torch.from_numpy(codes)).reshape(-1).tolist() == list(range(256))
+    assert pw.pack_codes(torch.from_numpy(codes.astype(np.int64))).reshape(-1).tolist() == list(range(256))
+
+
+@pytest.mark.gpu
+def test_ternary_weight_generation_peak_memory():
+    """Generating a seeded ternary weight holds its codes (n*k bytes, one per code) and at most
+    a few packed copies of n*k/4 bytes (the packing's operands and result, the flat buffer) plus
+    the scales (10 bytes a group): under 2.5 * n*k bytes at the peak. A packing in 4-byte
+    integers would need 4 * n*k more (lm_head: 5 GB of a suite worker's GPU share)."""
+    from pq2verify import inputs
+    n, k = 8192, 8192
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    w = inputs.ternary_weight(n, k, 1, "cuda")
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert w.data.numel() == n * k // 4 + n * (k // 128) * 2
+    assert peak <= 2.5 * n * k, f"peak {peak} bytes for n*k = {n * k} codes (repro: pytest {__file__} --device cuda -k peak)"
