@@ -89,6 +89,71 @@ def test_rows_are_labelled_one_by_one_up_to_24_rows_only():
     assert [x.get_text() for x in ax.get_yticklabels()] != [str(i) for i in range(25)], repro(t)
 
 
+# --- error map: the figure's size, image, lines, title and column ticks ---------------------------
+def test_the_figure_is_sized_from_its_shape_and_capped():
+    """figsize = (min(12, 3 + n / 40), min(6, 1.6 + m / 6)) inches at 100 dpi.
+    - m = 6 rows, n = 40 columns: (min(12, 3 + 1), min(6, 1.6 + 1)) = (4, 2.6) inches, so a PNG
+      of 400 x 260 pixels.
+    - m = 60, n = 800: 3 + 20 = 23 and 1.6 + 10 = 11.6 are both over their caps: (12, 6)."""
+    t = "test_the_figure_is_sized_from_its_shape_and_capped"
+    fig = errormap.figure(_em(np.zeros((6, 40))))
+    assert fig.dpi == 100, (fig.dpi, repro(t))
+    assert tuple(fig.get_size_inches()) == pytest.approx((4.0, 2.6)), (fig.get_size_inches(), repro(t))
+    assert fig.canvas.get_width_height() == (400, 260), (fig.canvas.get_width_height(), repro(t))
+    fig = errormap.figure(_em(np.zeros((60, 800))))
+    assert tuple(fig.get_size_inches()) == pytest.approx((12.0, 6.0)), (fig.get_size_inches(), repro(t))
+
+
+def test_the_image_covers_the_cells_and_the_tile_lines_are_thin_black_dashes():
+    """A 2 x 3 map is drawn over extent (left 0, right 3, bottom 2, top 0): cell (i, j) spans
+    x in [j, j + 1], y in [i, i + 1], row 0 on top. A column tile starting at map column 2 is
+    one vertical line at x = 2, a row tile at row 1 one horizontal line at y = 1; both black,
+    0.8 points wide, dashed ('--'). The title is set in 8 points."""
+    t = "test_the_image_covers_the_cells_and_the_tile_lines_are_thin_black_dashes"
+    em = errormap.ErrorMap("c", "p", np.zeros((2, 3)), np.arange(3), [1], [2], "", {})
+    ax = errormap.figure(em).axes[0]
+    assert tuple(ax.get_images()[0].get_extent()) == (0, 3, 2, 0), (ax.get_images()[0].get_extent(), repro(t))
+    assert len(ax.lines) == 2, (ax.lines, repro(t))
+    v, h = ax.lines
+    assert list(v.get_xdata()) == [2, 2] and list(h.get_ydata()) == [1, 1], (v.get_xdata(), h.get_ydata(), repro(t))
+    for line in (v, h):
+        assert (line.get_linewidth(), line.get_linestyle(), line.get_color()) == (0.8, "--", "black"), (
+            line.get_linewidth(), line.get_linestyle(), line.get_color(), repro(t))
+    assert ax.title.get_fontsize() == 8, (ax.title.get_fontsize(), repro(t))
+
+
+def test_a_map_with_no_finite_ratio_reports_worst_0x():
+    """Ratios inf (a non-finite output) and NaN (a NaN reference): both outside, so 2 outputs;
+    no finite ratio to take the worst of, so the title says 0x (:.3g of 0 is '0')."""
+    t = "test_a_map_with_no_finite_ratio_reports_worst_0x"
+    title = errormap.figure(_em([[np.inf, np.nan]])).axes[0].get_title()
+    assert title == "p: |y - ref| / bound (red: outside, 2 outputs; worst 0x)\ntiles no tiles", (title, repro(t))
+
+
+def test_sampled_columns_are_labelled_by_their_n_and_all_columns_are_not():
+    """cols = 0, 1, 2 (every column, in order): the plain label 'output column n' and
+    matplotlib's own ticks (none at a half-integer).
+    cols = 5, 10, 20 (sampled): min(8, 3) = 3 ticks at linspace(0, 2, 3) = map columns 0, 1, 2,
+    placed at their centres 0.5, 1.5, 2.5 and labelled by their n '5', '10', '20'; the label
+    names 3 sampled columns.
+    cols = 0, 2, .., 38 (20 sampled): min(8, 20) = 8 ticks at linspace(0, 19, 8) = k * 19 / 7,
+    k = 0..7 = 0, 2.71, 5.43, 8.14, 10.86, 13.57, 16.29, 19, cut to 0, 2, 5, 8, 10, 13, 16, 19
+    (none is within 0.1 of the next integer); centres t + 0.5, labels n = 2 t."""
+    t = "test_sampled_columns_are_labelled_by_their_n_and_all_columns_are_not"
+    ax = errormap.figure(_em(np.zeros((2, 3)))).axes[0]
+    assert ax.get_xlabel() == "output column n", (ax.get_xlabel(), repro(t))
+    assert not any(float(v) % 1 == 0.5 for v in ax.get_xticks()), (list(ax.get_xticks()), repro(t))
+    ax = errormap.figure(_em(np.zeros((2, 3)), cols=[5, 10, 20])).axes[0]
+    assert ax.get_xlabel() == "output column n (3 sampled columns, in order)", (ax.get_xlabel(), repro(t))
+    assert list(ax.get_xticks()) == [0.5, 1.5, 2.5], (list(ax.get_xticks()), repro(t))
+    assert [x.get_text() for x in ax.get_xticklabels()] == ["5", "10", "20"], repro(t)
+    ax = errormap.figure(_em(np.zeros((2, 20)), cols=2 * np.arange(20))).axes[0]
+    idx = [0, 2, 5, 8, 10, 13, 16, 19]
+    assert ax.get_xlabel() == "output column n (20 sampled columns, in order)", (ax.get_xlabel(), repro(t))
+    assert list(ax.get_xticks()) == [i + 0.5 for i in idx], (list(ax.get_xticks()), repro(t))
+    assert [x.get_text() for x in ax.get_xticklabels()] == [str(2 * i) for i in idx], repro(t)
+
+
 # --- error map: tiles from a config --------------------------------------------------------------
 @pytest.fixture
 def config_of(monkeypatch):
@@ -135,6 +200,25 @@ def test_tiles_name_the_split_in_groups_or_in_k(config_of):
         got = config_of(cfg)
         assert got == (rows, cols, split, cfg), (cfg, got, repro(t))
     assert config_of(None) == ([], [], "", {}), repro(t)
+
+
+def test_one_group_per_split_counts_every_group_of_128(config_of):
+    """k = 1024 is 1024 // 128 = 8 groups; groups_per_split 1, no SPLIT: ceil(8 / 1) = 8 splits
+    of 1 group (dividing K by anything but 128 would give another count, e.g. 1024 // 129 = 7)."""
+    t = "test_one_group_per_split_counts_every_group_of_128"
+    got = config_of({"groups_per_split": 1})
+    assert got[2] == "split-K: 8 splits of 1 groups of 128 (each output sums all of them)", (got, repro(t))
+
+
+def test_the_maps_tiles_come_from_its_rows_and_a_boundary_after_the_first_column(config_of):
+    """BM 16, BN 64; y is 40 rows x 3 compared columns at n = 0, 64, 128 (the map is taller than
+    wide). Row tiles from the 40 rows: range(16, 40, 16) = 16, 32. Column tiles: n // 64 is
+    0, 1, 2, so a tile starts at map column 1 (the first column after column 0) and at 2."""
+    t = "test_the_maps_tiles_come_from_its_rows_and_a_boundary_after_the_first_column"
+    config_of({"BM": 16, "BN": 64})
+    z = np.zeros((40, 3))
+    em = errormap.from_arrays("c", "fake", z, z, np.ones((40, 3)), [0, 64, 128], 192, 1024, interpret=True)
+    assert (em.row_tiles, em.col_tiles) == ([16, 32], [1, 2]), (em.row_tiles, em.col_tiles, repro(t))
 
 
 # --- error map: file names -----------------------------------------------------------------------

@@ -344,7 +344,7 @@ def html(rep: dict, md: str, recs_a: dict, recs_b: dict) -> str:
         q = d["id"]
         a, b = recs_a.get(q, {}), recs_b.get(q, {})
         prefix = d.get("prefix") or ""
-        rows.append([q, d.get("class", "text only"), d.get("kind", "-"), d.get("step", "-"),
+        rows.append([q, d.get("class") or "same", d.get("kind", "-"), d.get("step", "-"),
                      f"...{prefix[-200:]}" if len(prefix) > 200 else prefix,
                      a.get("text", ""), b.get("text", "")])
         cls.append("fail" if d.get("kind") == "real" else "warn")
