@@ -14,7 +14,6 @@ import numpy as np
 LEVEL = 0.95            # two-sided confidence of every interval
 BOOT = 4000             # bootstrap resamples
 SEED = 0
-CI_WIDTH = 0.02         # rounds extend until an interval is at most this wide, relative to its median
 DRIFT_TOL = 0.05        # the control's last samples over its first beyond 1 +- this: drift
 
 
