@@ -240,3 +240,16 @@ def test_a_step_past_the_floors_recorded_steps_has_no_drift():
     a = _rec([1, 7], top_a, "1", teacher={"f": {"kl": [0], "top1": [True], "lpk": [[-0.125, -3.0]]}})
     assert floor.floor_drift(a, "f", 1, 7, 8) is None, repro(t)
     assert floor.floor_drift(a, "f", 0, 1, 2) == 0.0, repro(t)      # step 0 is recorded: F moved nothing
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, -0.1, 1.5])
+def test_the_fewest_questions_refuses_an_alpha_outside_0_1(alpha):
+    """At alpha <= 0 no n has 2^-n < alpha (a search for one would not end); at alpha >= 1 the
+    test's p (at most 1) never needs a question: both are refused by name."""
+    t = "test_the_fewest_questions_refuses_an_alpha_outside_0_1"
+    try:
+        floor.min_questions(alpha)
+    except ValueError as e:
+        assert "alpha" in str(e), (str(e), repro(t))
+    else:
+        pytest.fail(f"alpha {alpha} accepted; {repro(t)}")

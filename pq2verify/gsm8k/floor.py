@@ -24,7 +24,7 @@ large against any single other run's drift at that step, so the count is read ag
 control with the roles swapped: A/F flips against B's drift. Two reorderings that are equally
 noisy give alike counts; a real fault gives many more A/B flips beyond F's drift.
 """
-from math import comb, isfinite
+from math import comb, isfinite, log2
 
 ALPHA = 0.01
 
@@ -95,11 +95,11 @@ def sign_test(a: dict, b: dict) -> dict:
 
 def min_questions(alpha: float = ALPHA) -> int:
     """The fewest untied questions at which the one-sided sign test can reach alpha: its
-    smallest p is 2^-n (B above F on every one), and p < alpha needs 2^-n < alpha."""
-    n = 1
-    while 0.5 ** n >= alpha:
-        n += 1
-    return n
+    smallest p is 2^-n (B above F on every one), and p < alpha needs 2^-n < alpha, that is
+    n > log2(1/alpha): the next integer (exact at powers of two, where log2 is exact)."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha {alpha}: expected a probability in (0, 1)")
+    return int(-log2(alpha)) + 1   # -log2(alpha) > 0: int() is its floor
 
 
 def verdict(tf_b: dict | None, tf_f: dict | None, alpha: float = ALPHA) -> dict | None:
