@@ -170,22 +170,26 @@ def test_a_nondeterministic_rerun_of_a_case_within_its_bound_reports_only_the_re
 
 
 # --- golden: the ISA key reads the first processor's block only -------------------------------
+def _cpu_of(monkeypatch, text: str) -> tuple:
+    """isakey._cpu() with /proc/cpuinfo reading `text`."""
+    import builtins
+    import io
+    from pq2verify.golden import isakey
+
+    def fake(path, *a, **kw):
+        return io.StringIO(text) if path == "/proc/cpuinfo" else builtins.open(path, *a, **kw)
+    monkeypatch.setattr(isakey, "open", fake, raising=False)
+    return isakey._cpu()
+
+
 def test_a_first_processor_block_without_a_vendor_leaves_the_vendor_unknown(monkeypatch):
     """/proc/cpuinfo holds one block per processor, separated by a blank line; the key is the
     first processor's. A first block with flags but no vendor line ends at its blank line once
     anything was read, so the vendor stays 'unknown' (and makes the key incomplete), never the
     second processor's vendor_id: ('unknown', 'avx'). Kills golden/isakey.py _cpu's
     `vendor != 'unknown' or flags is not None` -> `and` (which reads on into processor 1)."""
-    import builtins
-    import io
-    from pq2verify.golden import isakey
-    text = ("processor\t: 0\nflags\t\t: fpu avx\n\n"
-            "processor\t: 1\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx avx2\n")
-
-    def fake(path, *a, **kw):
-        return io.StringIO(text) if path == "/proc/cpuinfo" else builtins.open(path, *a, **kw)
-    monkeypatch.setattr(isakey, "open", fake, raising=False)
-    got = isakey._cpu()
+    got = _cpu_of(monkeypatch, "processor\t: 0\nflags\t\t: fpu avx\n\n"
+                               "processor\t: 1\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx avx2\n")
     assert got == ("unknown", "avx"), (
         f"{got}; {repro('test_a_first_processor_block_without_a_vendor_leaves_the_vendor_unknown')}")
 
@@ -196,16 +200,8 @@ def test_a_first_processor_block_without_flags_leaves_the_flags_unknown(monkeypa
     the block such as 'processor: 0'): ('GenuineIntel', 'unknown'). Kills golden/isakey.py _cpu's
     `vendor != 'unknown'` -> `==` (reads on into processor 1) and `k in (...) and flags is None`
     -> `or` (takes 'processor: 0' for the flags, giving '')."""
-    import builtins
-    import io
-    from pq2verify.golden import isakey
-    text = ("processor\t: 0\nvendor_id\t: GenuineIntel\n\n"
-            "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx avx2\n")
-
-    def fake(path, *a, **kw):
-        return io.StringIO(text) if path == "/proc/cpuinfo" else builtins.open(path, *a, **kw)
-    monkeypatch.setattr(isakey, "open", fake, raising=False)
-    got = isakey._cpu()
+    got = _cpu_of(monkeypatch, "processor\t: 0\nvendor_id\t: GenuineIntel\n\n"
+                               "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx avx2\n")
     assert got == ("GenuineIntel", "unknown"), (
         f"{got}; {repro('test_a_first_processor_block_without_flags_leaves_the_flags_unknown')}")
 
