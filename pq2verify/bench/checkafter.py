@@ -106,8 +106,12 @@ def run(timer, before: list, times: list | None, reps: int) -> dict:
         out["output"] = {"ok": ok, "why": why}
         after = prints(probe)
         moved = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
-        out["inputs"] = {"ok": not moved, "why": f"{len(moved)} of {len(before)} inputs or weight copies "
-                                                 "changed during timing" if moved else ""}
+        if len(before) != len(after):   # zip would compare only the shorter list's reads
+            out["inputs"] = {"ok": False, "why": f"{len(before)} input prints taken before timing for "
+                                                 f"{len(after)} inputs and weight copies read"}
+        else:
+            out["inputs"] = {"ok": not moved, "why": f"{len(moved)} of {len(before)} inputs or weight copies "
+                                                     "changed during timing" if moved else ""}
         if probe.x is not None:
             keep = probe.x.clone()
             probe.x.copy_(_fresh(keep))
