@@ -108,8 +108,10 @@ _resolved: dict = {}
 
 
 def clear_cache() -> None:
-    """Forget resolved paths (after the exact set was re-derived, or in tests)."""
+    """Forget resolved paths and the M ranges each path serves (after the exact set was
+    re-derived, or a table changed in tests)."""
     _resolved.clear()
+    _serves.cache_clear()
 
 
 try:   # CPython keeps the environment as an encoded dict: reading it skips the decoding

@@ -39,7 +39,6 @@ def register_path():
 
     def clear():
         dispatch.clear_cache()
-        dispatch._serves.cache_clear()
         sets.clear_cache()
 
     def add(entry, kernel, *, protocol=None, **claims):

@@ -101,9 +101,8 @@ def test_a_floor_range_ends_one_before_the_next_class(monkeypatch):
     from pq2verify.gsm8k import floor
     from kernels import dispatch, sets
 
-    def clear():   # dispatch caches what M serves by table; none may outlive the patched table
+    def clear():   # dispatch and the sets cache by table; none may outlive the patched table
         dispatch.clear_cache()
-        dispatch._serves.cache_clear()
         sets.clear_cache()
     paths = tuple(dataclasses.replace(p, m_max=3) if p.name == "gemv_pair" else p for p in registry.PATHS)
     monkeypatch.setattr(registry, "PATHS", paths)

@@ -105,11 +105,11 @@ def run(timer, before: list, times: list | None, reps: int) -> dict:
             ok, why = False, "the timed graph's output differs from the gate's own output"
         out["output"] = {"ok": ok, "why": why}
         after = prints(probe)
-        moved = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
         if len(before) != len(after):   # zip would compare only the shorter list's reads
             out["inputs"] = {"ok": False, "why": f"{len(before)} input prints taken before timing for "
                                                  f"{len(after)} inputs and weight copies read"}
         else:
+            moved = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
             out["inputs"] = {"ok": not moved, "why": f"{len(moved)} of {len(before)} inputs or weight copies "
                                                      "changed during timing" if moved else ""}
         if probe.x is not None:
