@@ -208,11 +208,25 @@ def test_parallel_runs_in_worker_processes_give_the_same_generations(tiny_model,
     par = json.loads((tmp_path / "par" / "report.json").read_text())
     assert [r["label"] for r in par["runs"]] == ["a", "b", "f", "a2"]
     for rs, rp in zip(seq["runs"], par["runs"]):
-        assert rp["resumed_from_earlier"] == (5 if rp["label"] in ("b", "f") else 0)   # b, f from workers
+        # b and f ran in workers and were read back here: still nothing came from an earlier run
+        assert rp["resumed_from_earlier"] == 0
         assert rs["trace"] == rp["trace"] and rs["m_calls"] == rp["m_calls"]
         a, b = ({x["id"]: x for x in lines(Path(r["dir"]))} for r in (rs, rp))
         assert a.keys() == b.keys()
         assert all(a[q]["tokens"] == b[q]["tokens"] and a[q]["topk"] == b[q]["topk"] for q in a)
+
+
+def test_a_run_resumed_in_a_worker_reports_what_it_had_before(tiny_model, tmp_path, cpu_env):
+    out = tmp_path / "par"
+    assert run(tiny_model, out, "--no-floor", "--jobs", "2") == 0
+    # a loses one question, b three: a resumes here, b (the second run with work) in a worker
+    for label, keep in (("a", 4), ("b", 2)):
+        f = next(out.glob(f"{label}-*")) / "generations.jsonl"
+        f.write_text("\n".join(f.read_text().splitlines()[:keep]) + "\n")
+    assert run(tiny_model, out, "--no-floor", "--jobs", "2") == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert {r["label"]: r["resumed_from_earlier"] for r in rep["runs"]} == {"a": 4, "b": 2}
+    assert all(len(lines(next(out.glob(f"{x}-*")))) == 5 for x in "ab")
 
 
 def test_a_failing_worker_is_reported(tiny_model, tmp_path, cpu_env, capsys):

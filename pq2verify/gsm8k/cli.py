@@ -316,6 +316,8 @@ def _main(args) -> int:
         return 0
     jobs = args.jobs or (3 if device == "cuda" else 1)
     pending = [e.label for e in plan if todo(rundir(e), batches)]
+    # what each run had before this command: a worker's run is read back here after it finished
+    before = {e.label: len(rundir(e).done) for e in plan}
     share = process_threads(device, jobs, len(pending), args.threads)
     if share is not None:
         args.threads = share
@@ -340,6 +342,7 @@ def _main(args) -> int:
                       f"{rc}); its generations so far are kept: rerun the same command to resume", file=sys.stderr)
                 return EXIT_RUN
             done[label] = execute(run, rundir(run), new_gen, conv, batches, tok_ids, prompts, golds, prefix_len)
+            done[label]["resumed_from_earlier"] = before[label]
     runs = [done[e.label] for e in plan]
 
     decode = lambda t: tok.decode(t, skip_special_tokens=False)   # noqa: E731
