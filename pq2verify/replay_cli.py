@@ -37,7 +37,15 @@ SEPARATION = ("none", "fold_reversed", "scale_ulp", "scale_ulp_down", "scale_1pc
               "scale_1pct:all", "drop_group", "stale_tile", "round_up", "round_down")
 
 
-DEFAULT_M = (1, 4, 16)
+def default_ms() -> tuple:
+    """The decode Ms replayed by default, from the path table: each M where a decode path's
+    range begins or ends next to another's (m_min, m_max + 1) and the largest decode M, so every
+    path a kernel set picks for decode runs at its edges (1, 2, 3, 16 for the runtime's table)."""
+    from kernels import table
+    bounded = [p for p in table.all_paths() if p.m_max is not None]
+    top = max(p.m_max for p in bounded)
+    edges = {p.m_min for p in table.all_paths()} | {p.m_max + 1 for p in bounded} | {top}
+    return tuple(sorted(m for m in edges if 1 <= m <= top))
 
 
 def _ms(s: str) -> tuple:
@@ -60,8 +68,9 @@ def register(sub) -> None:
     p.add_argument("--layers", default=None, type=nonempty, help="only weights whose name contains this text")
     p.add_argument("--limit", type=positive_int, default=None,
                    help="first N captured calls of the selection (the M > 1 calls are built from them)")
-    cli.add_m_option(p, type=_ms, default=DEFAULT_M, metavar="M,..",
-                     help="call sizes replayed (default 1,4,16): M = 1 one call per captured position; M > 1 two "
+    cli.add_m_option(p, type=_ms, default=default_ms(), metavar="M,..",
+                     help=f"call sizes replayed (default {','.join(map(str, default_ms()))}: where the path "
+                          "table's decode ranges begin and end): M = 1 one call per captured position; M > 1 two "
                         "calls per weight of its captured rows repeated to M rows, so the paths serving decode "
                         "batches run on real activations too")
     one = p.add_mutually_exclusive_group()
@@ -97,7 +106,7 @@ def command(args) -> str:
         parts += ["--chains" if args.chains else "--no-chains"]
     if args.positions is not None:
         parts += ["--positions", ",".join(map(str, args.positions))]
-    if tuple(args.m) != DEFAULT_M:
+    if tuple(args.m) != default_ms():
         parts += ["--m", ",".join(map(str, args.m))]
     return shlex.join(parts)
 

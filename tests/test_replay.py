@@ -120,10 +120,12 @@ def test_legacy_vs_tuned_passes(capture, tmp_path, device, capsys):
     j = tmp_path / "r.json"
     assert _replay(device, capture, "--json", str(j)) == 0, capsys.readouterr().out
     run = json.loads(j.read_text())["runs"][0]
-    # per weight: 3 captured positions at M = 1, and two calls at each of M = 4 and 16 (default --m)
-    assert len(run["calls"]) == LAYERS * 2 * (3 + 2 * 2) and run["ok"]
+    # per weight: 3 captured positions at M = 1, and two calls at each of M = 2, 3 and 16 (the
+    # default --m: the table's tuned decode ranges are gemv 1, gemv_pair 2, small_mma 2-16)
+    assert len(run["calls"]) == LAYERS * 2 * (3 + 3 * 2) and run["ok"]
     assert {c["a"]["path"] for c in run["calls"]} == {"int_gemv"}
-    assert {(c["m"], c["b"]["path"]) for c in run["calls"]} == {(1, "gemv"), (4, "small_mma"), (16, "small_mma")}
+    assert {(c["m"], c["b"]["path"]) for c in run["calls"]} == {
+        (1, "gemv"), (2, "gemv_pair"), (3, "small_mma"), (16, "small_mma")}
     assert all(c["ab"]["dots_equal"] and c["a"]["dots_exact"] and c["b"]["dots_exact"] for c in run["calls"])
     out = capsys.readouterr().out
     assert "| attn | 1 | 2 | int_gemv / gemv |" in out and "| attn | M16 | 4 | int_gemv / small_mma |" in out
