@@ -1,0 +1,2 @@
+#!/usr/bin/env bash
+mkdir -p /tmp/parts && cp .carry/* /tmp/parts/ && ls /tmp/parts
