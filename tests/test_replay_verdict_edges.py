@@ -215,3 +215,32 @@ def test_the_control_fold_is_judged_at_each_calls_m(cpu_only, monkeypatch):
     replay.evaluate([c], refs, [replay.Out("int_gemv", y, None, "kernel")],
                     [replay.Out("small_mma", y.clone(), None, "kernel")], fault)
     assert asked == [2], (asked, repro(t))
+
+
+def test_one_biased_kind_fails_the_run_when_another_kind_is_clean(monkeypatch, cpu_only):
+    """Two kinds of 4 calls each: down_proj's calls each t = 0.9 z (its pooled Z = 1.8 z, over
+    z), o_proj's t = 0. The run fails on down_proj's kind alone: a verdict that needed every
+    kind to fail would pass it."""
+    t = "test_one_biased_kind_fails_the_run_when_another_kind_is_clean"
+    other = "model.layers.0.self_attn.o_proj"
+    z = statistics.NormalDist().inv_cdf(1 - BIAS_ALPHA / (2 * 2 * (8 + 2)))   # two statistics, two-sided
+    # n tells the weights apart: down_proj here is 256 outputs wide, o_proj 128
+    monkeypatch.setattr(replay, "bias", lambda y, ref, dt: (0.9 * z, 0.0) if ref.shape[-1] == 256 else (0.0, 0.0))
+    ws = {LAYER: inputs.ternary_weight(256, 256, 5, "cpu", "prepared"),
+          other: inputs.ternary_weight(128, 256, 7, "cpu", "prepared")}
+    calls = [replay.Call(f"{layer}/{i}", layer, replay.kind_of(layer), i,
+                         inputs.activations(1, 256, 6 + i, "normal", torch.bfloat16, "cpu"))
+             for layer in ws for i in range(4)]
+    refs = replay.References(calls, ws)
+    outs_a, outs_b = [], []
+    for c in calls:
+        y = registry.get("int_gemv").kernel()(c.x, ws[c.layer])
+        outs_a.append(replay.Out("int_gemv", y, torch.from_numpy(refs.get(c, "dots")).to(torch.int64), "kernel"))
+        outs_b.append(replay.Out("gemv", y.clone(), None, "kernel"))
+    res = replay.evaluate(calls, refs, outs_a, outs_b)
+    assert res["bias_threshold"] == pytest.approx(z), repro(t)
+    kinds = res["kinds"]
+    assert verdicts.BIAS in kinds[replay.kind_of(LAYER)]["failed"], (kinds, repro(t))
+    assert not kinds[replay.kind_of(other)]["failures"], (kinds, repro(t))
+    assert not any(c["failures"] for c in res["calls"]), repro(t)
+    assert not res["ok"], repro(t)
