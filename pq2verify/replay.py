@@ -465,8 +465,10 @@ def describe_plan(plan) -> str:
     if plan is None:
         return "undeclared"
     lanes = {len(s) for s in plan}
-    runs = [lane for s in plan for lane in s if len(lane) > 1]
-    order = "descending" if runs and all(r == sorted(r, reverse=True) for r in runs) else "ascending"
+    runs = [lane for s in plan for lane in s if len(lane) > 1]     # a lane of one group has no order
+    up = all(r == sorted(r) for r in runs)
+    down = bool(runs) and all(r == sorted(r, reverse=True) for r in runs)
+    order = "descending" if down else "ascending" if up else "in mixed orders"
     n = sum(len(lane) for s in plan for lane in s)
     return f"{len(plan)} split(s) x {'/'.join(map(str, sorted(lanes)))} lane(s), {n} groups {order}"
 

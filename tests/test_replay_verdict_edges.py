@@ -244,3 +244,16 @@ def test_one_biased_kind_fails_the_run_when_another_kind_is_clean(monkeypatch, c
     assert not kinds[replay.kind_of(other)]["failures"], (kinds, repro(t))
     assert not any(c["failures"] for c in res["calls"]), repro(t)
     assert not res["ok"], repro(t)
+
+
+@pytest.mark.parametrize("plan, want", [
+    (None, "undeclared"),
+    ([[[0, 1, 2, 3]]], "1 split(s) x 1 lane(s), 4 groups ascending"),
+    ([[[3, 2, 1, 0]]], "1 split(s) x 1 lane(s), 4 groups descending"),
+    ([[[0]], [[1]], [[2]]], "3 split(s) x 1 lane(s), 3 groups ascending"),     # one group per lane: no order
+    ([[[0, 2], [1, 3]], [[4, 6], [5, 7]]], "2 split(s) x 2 lane(s), 8 groups ascending"),
+    ([[[3, 2], [1]], [[0]]], "2 split(s) x 1/2 lane(s), 4 groups descending"),
+    ([[[1, 0], [2, 3]]], "1 split(s) x 2 lane(s), 4 groups in mixed orders"),
+])
+def test_a_fold_plan_is_described_by_its_shape_and_order(plan, want):
+    assert replay.describe_plan(plan) == want
