@@ -257,3 +257,33 @@ def test_one_biased_kind_fails_the_run_when_another_kind_is_clean(monkeypatch, c
 ])
 def test_a_fold_plan_is_described_by_its_shape_and_order(plan, want):
     assert replay.describe_plan(plan) == want
+
+
+def test_same_thing_rows_count_calls_and_describe_the_backends_own_fold(cpu_only):
+    """Rows per (kind, M), sorted by M then kind; `same` counts the calls where A and B are one
+    path in one fold order; the fold described is the one the backend key runs (the
+    interpreter's config differs from the GPU's for gemv and small_mma at this shape)."""
+    from kernels import emulation
+    t = "test_same_thing_rows_count_calls_and_describe_the_backends_own_fold"
+    down, o = "model.layers.0.mlp.down_proj", "model.layers.0.self_attn.o_proj"
+    w = inputs.ternary_weight(2048, 2048, 5, "cpu", "prepared")
+    calls = [replay.Call(f"{layer}/{m}.{i}", layer, replay.kind_of(layer), i,
+                         torch.zeros(m, 2048, dtype=torch.bfloat16))
+             for m in (4, 1) for layer in (o, down) for i in range(2)]
+    b_path = {1: "gemv", 4: "small_mma"}
+    paths_a = ["int_gemv"] * len(calls)
+    # B equals A on o_proj's first call at each M: that call compares nothing
+    paths_b = ["int_gemv" if (c.layer == o and c.position == 0) else b_path[c.x.shape[0]] for c in calls]
+    rows = replay.same_thing(calls, {down: w, o: w}, paths_a, paths_b, "interpreter")
+    assert [(r["m"], r["kind"]) for r in rows] == [(1, replay.kind_of(down)), (1, replay.kind_of(o)),
+                                                   (4, replay.kind_of(down)), (4, replay.kind_of(o))], repro(t)
+    assert [(r["calls"], r["same"]) for r in rows] == [(2, 0), (2, 1), (2, 0), (2, 1)], repro(t)
+    for r in rows:
+        b = b_path[r["m"]]
+        mine, gpu = (emulation.kernel_plan(b, r["m"], w, interpret=i) for i in (True, False))
+        assert mine != gpu, (b, r["m"])          # else this test could not tell the two apart
+        # a row's fold is its first call's: o_proj's first B call is int_gemv's
+        first = b if r["kind"] == replay.kind_of(down) else "int_gemv"
+        want = replay.describe_plan(emulation.kernel_plan(first, r["m"], w, interpret=True))
+        assert r["b_fold"] == want, (r, repro(t))
+    assert rows[0]["b"] == ["gemv"] and rows[1]["b"] == ["int_gemv", "gemv"], repro(t)
