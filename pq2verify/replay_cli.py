@@ -43,7 +43,7 @@ def default_ms() -> tuple:
     path a kernel set picks for decode runs at its edges (1, 2, 3, 16 for the runtime's table)."""
     from kernels import table
     bounded = [p for p in table.all_paths() if p.m_max is not None]
-    top = max(p.m_max for p in bounded)
+    top = max((p.m_max for p in bounded), default=1)     # a table of open ranges only: M = 1
     edges = {p.m_min for p in table.all_paths()} | {p.m_max + 1 for p in bounded} | {top}
     return tuple(sorted(m for m in edges if 1 <= m <= top))
 

@@ -44,3 +44,10 @@ def test_a_path_with_its_own_decode_range_moves_the_default(register_path):
     assert {5, 9} <= set(ds)
     for m in range(1, _decode_top() + 1):
         assert _serving(m) == _serving(max(x for x in ds if x <= m)), m
+
+
+def test_a_table_of_open_ranges_only_replays_m_1(monkeypatch):
+    import types
+    host = types.SimpleNamespace(PATHS=(table.Entry("open", "kernels.open", "tuned", 1, None),), BY_NAME={})
+    monkeypatch.setattr(table, "_source", host)
+    assert default_ms() == (1,)
