@@ -559,6 +559,46 @@ def test_a_chain_output_far_below_its_fp64_value_fails_the_chain_bound(mlp_captu
         assert any(f.startswith("chain bound: 1 of") and "first y2[0, 1]" in f for f in fails), (sign, fails)
 
 
+def test_a_chain_output_moved_past_its_bound_by_less_than_one_fails(mlp_capture, device):
+    """The chain bound is a ratio |error| / bound: a move of 0.5, far past any bound of these
+    outputs but under 1, fails it (a product of the two would stay under 1 and pass)."""
+    ch, s, crefs, c2, refs2, _, _ = _one_side(mlp_capture, device)
+    for sign in (-1.0, 1.0):
+        y = s.y2.y.clone()
+        y[0, 1] += sign * 0.5
+        bad = type(s)(s.y1, type(s.y2)(**{**vars(s.y2), "y": y}), s.h, s.x2)
+        fails = _eval(ch, bad, crefs, c2, refs2)["failures"]
+        assert any(f.startswith("chain bound: 1 of") and "first y2[0, 1]" in f for f in fails), (sign, fails)
+
+
+def test_chain_bytes_must_match_only_where_both_steps_claim_identity(mlp_capture, device):
+    """B running A's paths (deterministic: claimed identical) with one output one bf16 step off
+    fails "chain bytes differ"; not with a planted fault (its bytes are meant to differ), not with
+    equal bytes, and not where only step 1 is claimed (step 2 on another path)."""
+    from pq2verify import chain
+    from pq2verify.gsm8k.runs import parse_spec
+    _, calls, weights = replay.load(mlp_capture, device, _mlp_runner(device), ms=(1,))
+    chs = chain.chains_of(calls, weights, DIGITS)
+    crefs = chain.Refs(chs, weights, replay.References(calls, weights))
+    outs_a = chain.run_side(parse_spec("legacy"), chs, weights)
+    assert all(s.y1.path == s.y2.path == "int_gemv" for s in outs_a)
+
+    def nudged(s, path2=None):
+        y = s.y2.y.clone()
+        y.view(torch.int16)[0, 0] += 1
+        y2 = replay.Out(path2 or s.y2.path, y, None if path2 else s.y2.dots, s.y2.dots_from)
+        return chain.SideOut(s.y1, y2, s.h, s.x2)
+
+    def differ(res):
+        return [any("chain bytes differ" in f for f in r["failures"]) for r in res["chains"]]
+
+    assert differ(chain.evaluate(chs, crefs, outs_a, [nudged(s) for s in outs_a])) == [True] * len(chs)
+    fault = replay.parse_fault("round_up:all", calls)
+    assert not any(differ(chain.evaluate(chs, crefs, outs_a, [nudged(s) for s in outs_a], fault=fault)))
+    assert not any(differ(chain.evaluate(chs, crefs, outs_a, list(outs_a))))
+    assert not any(differ(chain.evaluate(chs, crefs, outs_a, [nudged(s, "native") for s in outs_a])))
+
+
 @pytest.mark.parametrize("t, zb, failed", [(4.0, 4.0, False), (-4.0, 4.0, False), (-4.5, 4.0, True),
                                            (4.5, 4.0, True)], ids=["at+", "at-", "beyond-", "beyond+"])
 def test_a_step_bias_at_its_threshold_passes_and_beyond_it_either_way_fails(mlp_capture, device, monkeypatch,
