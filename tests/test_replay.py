@@ -5,6 +5,7 @@ real model is replayed by `pq2verify replay` itself
 (results/2026-11-30-replay-separation/replay-faults.md)."""
 import importlib.util
 import json
+import math
 import os
 import shlex
 import types
@@ -571,34 +572,6 @@ def test_a_chain_output_moved_past_its_bound_by_less_than_one_fails(mlp_capture,
         assert any(f.startswith("chain bound: 1 of") and "first y2[0, 1]" in f for f in fails), (sign, fails)
 
 
-def test_chain_bytes_must_match_only_where_both_steps_claim_identity(mlp_capture, device):
-    """B running A's paths (deterministic: claimed identical) with one output one bf16 step off
-    fails "chain bytes differ"; not with a planted fault (its bytes are meant to differ), not with
-    equal bytes, and not where only step 1 is claimed (step 2 on another path)."""
-    from pq2verify import chain
-    from pq2verify.gsm8k.runs import parse_spec
-    _, calls, weights = replay.load(mlp_capture, device, _mlp_runner(device), ms=(1,))
-    chs = chain.chains_of(calls, weights, DIGITS)
-    crefs = chain.Refs(chs, weights, replay.References(calls, weights))
-    outs_a = chain.run_side(parse_spec("legacy"), chs, weights)
-    assert all(s.y1.path == s.y2.path == "int_gemv" for s in outs_a)
-
-    def nudged(s, path2=None):
-        y = s.y2.y.clone()
-        y.view(torch.int16)[0, 0] += 1
-        y2 = replay.Out(path2 or s.y2.path, y, None if path2 else s.y2.dots, s.y2.dots_from)
-        return chain.SideOut(s.y1, y2, s.h, s.x2)
-
-    def differ(res):
-        return [any("chain bytes differ" in f for f in r["failures"]) for r in res["chains"]]
-
-    assert differ(chain.evaluate(chs, crefs, outs_a, [nudged(s) for s in outs_a])) == [True] * len(chs)
-    fault = replay.parse_fault("round_up:all", calls)
-    assert not any(differ(chain.evaluate(chs, crefs, outs_a, [nudged(s) for s in outs_a], fault=fault)))
-    assert not any(differ(chain.evaluate(chs, crefs, outs_a, list(outs_a))))
-    assert not any(differ(chain.evaluate(chs, crefs, outs_a, [nudged(s, "native") for s in outs_a])))
-
-
 @pytest.mark.parametrize("t, zb, failed", [(4.0, 4.0, False), (-4.0, 4.0, False), (-4.5, 4.0, True),
                                            (4.5, 4.0, True)], ids=["at+", "at-", "beyond-", "beyond+"])
 def test_a_step_bias_at_its_threshold_passes_and_beyond_it_either_way_fails(mlp_capture, device, monkeypatch,
@@ -668,6 +641,39 @@ def test_a_claimed_bit_identity_broken_by_one_ulp_fails_unless_a_fault_is_plante
     assert any(f.startswith("B's chain bytes differ from A's") for f in row["failures"]), row["failures"]
     row = chain.evaluate(chs, crefs, outs_a, outs_b, fault="scale_ulp")["chains"][0]
     assert not any(f.startswith("B's chain bytes differ") for f in row["failures"]), row["failures"]
+    # one failing chain among clean ones fails the run
+    res = chain.evaluate(chs, crefs, outs_a, outs_b)
+    assert len(chs) > 1 and not res["ok"] and not any(r["failures"] for r in res["chains"][1:])
+    # step 2 on another path (native, no claim): only step 1 is claimed, so no byte rule
+    outs_b[0] = type(b0)(b0.y1, type(b0.y2)(**{**vars(b0.y2), "y": y, "path": "native", "dots": None}),
+                         b0.h, b0.x2)
+    row = chain.evaluate(chs, crefs, outs_a, outs_b)["chains"][0]
+    assert not any(f.startswith("B's chain bytes differ") for f in row["failures"]), row["failures"]
+
+
+def test_one_chain_failing_its_per_call_checks_fails_the_per_call_verdict(mlp_capture, device):
+    from pq2verify import chain
+    from pq2verify.gsm8k.runs import parse_spec
+    _, _, crefs, _, _, chs, weights = _one_side(mlp_capture, device)
+    outs_a = chain.run_side(parse_spec("legacy"), chs, weights)
+    assert chain.evaluate(chs, crefs, outs_a, outs_a)["per_call_ok"]
+    outs_b = list(outs_a)
+    b0 = outs_b[0]
+    y = b0.y2.y.clone()
+    y[0, 1] += 1000.0                        # step 2's own per-call check fails on chain 0 only
+    outs_b[0] = type(b0)(b0.y1, type(b0.y2)(**{**vars(b0.y2), "y": y}), b0.h, b0.x2)
+    res = chain.evaluate(chs, crefs, outs_a, outs_b)
+    assert res["chains"][0]["b"]["per_call_failures"] and not any(r["b"]["per_call_failures"] for r in res["chains"][1:])
+    assert not res["per_call_ok"]
+
+
+def test_the_chain_threshold_is_hoeffdings_at_the_family_alpha():
+    """2 exp(-z^2 / 2) = alpha / n: the two-sided Hoeffding tail over n outputs at family alpha."""
+    from pq2verify import chain
+    from pq2verify.numerics import BIAS_ALPHA
+    for n in (1, 10, 576, 10 ** 6):
+        z = chain.threshold(n)
+        assert 2 * math.exp(-z * z / 2) == pytest.approx(BIAS_ALPHA / n, rel=1e-12), n
 
 
 def test_chains_need_an_even_gate_up_and_a_down_of_whole_padded_groups():
