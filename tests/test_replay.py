@@ -560,6 +560,24 @@ def test_a_chain_output_far_below_its_fp64_value_fails_the_chain_bound(mlp_captu
         assert any(f.startswith("chain bound: 1 of") and "first y2[0, 1]" in f for f in fails), (sign, fails)
 
 
+def test_an_activation_between_one_and_two_of_its_bounds_off_fails(mlp_capture, device):
+    """The activation check is |h - Hr| <= Eh: h moved to 1.5 Eh from Hr at one element fails it,
+    naming that element; 0.5 Eh passes."""
+    from pq2verify import chain
+    ch, s, crefs, c2, refs2, _, _ = _one_side(mlp_capture, device)
+    dt = s.y1.y.dtype
+    hr, eh = chain.activation_bound(*chain.step1_bound(ch, s.y1.path, crefs.refs, dt), ch.inter, dt)
+    for k, fails_it in ((1.5, True), (0.5, False)):
+        h = s.h.clone()
+        h[0, 1] = float(hr[0, 1] + k * eh[0, 1])
+        got = abs(float(h[0, 1]) - hr[0, 1]) / eh[0, 1]
+        assert (1 < got < 2) if fails_it else got <= 1, got       # after rounding to h's dtype
+        fails = _eval(ch, type(s)(s.y1, s.y2, h, s.x2), crefs, c2, refs2)["failures"]
+        hit = [f for f in fails if f.startswith("activation:")]
+        assert bool(hit) == fails_it, (k, fails)
+        assert not hit or "first h[0, 1]" in hit[0], hit
+
+
 def test_a_chain_output_moved_past_its_bound_by_less_than_one_fails(mlp_capture, device):
     """The chain bound is a ratio |error| / bound: a move of 0.5, far past any bound of these
     outputs but under 1, fails it (a product of the two would stay under 1 and pass)."""
