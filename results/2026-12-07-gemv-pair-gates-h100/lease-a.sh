@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # call A: gemv_pair's sm_90 golden captures, golden verify, then the GPU suite on the tree
-CALL=a; source ./pre.sh
+CALL=a; source ../2026-12-07-decode-gemv-pair-h100/lease-pre.sh
 timeout 120 python3 -m pq2verify.cli --device cuda golden capture --paths gemv_pair > $OUT/golden-capture.log 2>&1
 at capture $?; tail -4 $OUT/golden-capture.log | cut -c1-250
 git status --porcelain golden | awk '{print $2}' > $OUT/golden-files.txt; tar czf $OUT/golden-sm90.tgz $(cat $OUT/golden-files.txt)
