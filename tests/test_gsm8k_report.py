@@ -90,3 +90,53 @@ def test_html_puts_the_two_generations_side_by_side():
     row = row[:row.index("</tr>")]
     assert "2 pears, 5 in all" in row and "4 pears, 7 in all" in row and "&lt;b&gt;" in row
     assert "within arithmetic noise" in page and "4 of 5 answers identical" in page and "<table>" in page
+
+
+def test_a_bound_margin_is_the_token_over_the_last_of_the_top_k():
+    # A's top-k lacks B's token 6: A's margin is at least lp(5) - lp(last kept) = -0.01 - -0.02
+    a = rec([5], "1", False, steps([(5, -0.01), (9, -0.02)]))
+    b = rec([6], "3", False, steps([(6, -0.01), (9, -0.03)]))
+    d = report.divergence(a, b)
+    assert abs(d["margin_a"] - 0.01) < 1e-12 and abs(d["margin_b"] - 0.02) < 1e-12
+
+
+def test_one_exact_small_margin_and_one_bound_is_real_not_a_near_tie():
+    a = rec([5], "1", False, steps([(5, -0.70), (6, -0.72)]))      # exact: 0.02
+    b = rec([6], "3", False, steps([(6, -0.01), (9, -0.03)]))      # bound: >= 0.02, 5 not in B's top-k
+    d = report.divergence(a, b, 0.1)
+    assert not d["margin_a_bound"] and d["margin_b_bound"]
+    assert d["kind"] == "real"
+
+
+def test_a_token_missing_from_its_own_top_k_has_no_margin():
+    a = rec([5], "1", False, steps([(7, -0.01), (6, -0.02)]))      # 5 chosen, not recorded
+    b = rec([6], "3", False, steps([(6, -0.01), (5, -0.03)]))
+    d = report.divergence(a, b, 0.1)
+    assert d["margin_a"] is None and d["margin_a_bound"] is False
+    assert abs(d["margin_b"] - 0.02) < 1e-12 and d["kind"] == "near-tie"
+
+
+def test_the_numeric_delta_is_the_largest_over_the_shared_tokens():
+    sa = steps([(1, -0.1), (2, -0.5), (3, -0.9)])
+    sb = steps([(1, -0.2), (2, -0.8), (4, -2.0)])
+    got = report.numeric_divergence(sa, sb, 0)
+    assert got["numeric_step"] == 0 and abs(got["numeric_delta"] - 0.3) < 1e-12
+
+
+def test_an_answer_on_one_side_only_is_an_answer_difference():
+    a = rec([1, 2], "5", True)
+    b = rec([1, 3], None, False)
+    assert report.answer_class(a, b) == "right->wrong" and report.answer_class(b, a) == "wrong->right"
+    c = report.compare({0: a}, {0: b})
+    assert c["answer_diffs"] == 1 and c["text_only_diffs"] == 0
+    assert report.answer_class(rec([1], None, False), rec([2], None, False)) is None
+
+
+def test_the_text_of_each_side_at_the_divergence_or_stopped():
+    dec = lambda t: "".join(f"<{x}>" for x in t)     # noqa: E731
+    c = report.compare({0: rec([1, 7], "2", True)}, {0: rec([1, 8], "3", False)}, decode=dec)
+    row = c["diffs"][0]
+    assert (row["prefix"], row["text_a"], row["text_b"]) == ("<1>", "<7>", "<8>")
+    c = report.compare({0: rec([1, 7], "2", True)}, {0: rec([1], "2", True)}, decode=dec)
+    row = c["text_only"][0]
+    assert row["kind"] == "length" and (row["text_a"], row["text_b"]) == ("<7>", "(stopped)")
