@@ -68,8 +68,9 @@ def register(sub) -> None:
     p.add_argument("--layers", default=None, type=nonempty, help="only weights whose name contains this text")
     p.add_argument("--limit", type=positive_int, default=None,
                    help="first N captured calls of the selection (the M > 1 calls are built from them)")
-    cli.add_m_option(p, type=_ms, default=default_ms(), metavar="M,..",
-                     help=f"call sizes replayed (default {','.join(map(str, default_ms()))}: where the path "
+    ms = default_ms()
+    cli.add_m_option(p, type=_ms, default=ms, metavar="M,..",
+                     help=f"call sizes replayed (default {','.join(map(str, ms))}: where the path "
                           "table's decode ranges begin and end): M = 1 one call per captured position; M > 1 two "
                         "calls per weight of its captured rows repeated to M rows, so the paths serving decode "
                         "batches run on real activations too")

@@ -29,9 +29,9 @@ def test_every_decode_m_is_served_like_a_default_m():
 
 @pytest.mark.parametrize("kset", ["legacy", "tuned"])
 @pytest.mark.parametrize("layout", ["raw", "prepared"])
-def test_every_path_a_set_dispatches_for_decode_runs_at_a_default_m(kset, layout):
-    w = inputs.ternary_weight(64, 256, 5, "cpu", layout=layout)
-    x = torch.zeros(1, 256, dtype=torch.bfloat16)
+def test_every_path_a_set_dispatches_for_decode_runs_at_a_default_m(kset, layout, device):
+    w = inputs.ternary_weight(64, 256, 5, device, layout=layout)
+    x = torch.zeros(1, 256, dtype=torch.bfloat16, device=device)
     picked = {m: dispatch.resolve(m, w, x, kset).name for m in range(1, _decode_top() + 1)}
     assert {picked[m] for m in default_ms()} == set(picked.values()), picked
 

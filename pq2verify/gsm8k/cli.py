@@ -315,9 +315,10 @@ def _main(args) -> int:
         execute(mine[0], rundir(mine[0]), new_gen, conv, batches, tok_ids, prompts, golds, prefix_len)
         return 0
     jobs = args.jobs or (3 if device == "cuda" else 1)
-    pending = [e.label for e in plan if todo(rundir(e), batches)]
-    # what each run had before this command: a worker's run is read back here after it finished
-    before = {e.label: len(rundir(e).done) for e in plan}
+    # what each run has before this command (a worker's run is read back here after it finished)
+    dirs = {e.label: rundir(e) for e in plan}
+    pending = [e.label for e in plan if todo(dirs[e.label], batches)]
+    before = {label: len(rd.done) for label, rd in dirs.items()}
     share = process_threads(device, jobs, len(pending), args.threads)
     if share is not None:
         args.threads = share
