@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kernels import backend
-from pq2verify import cli, golden, golden_cli, golden_model, outputs, provenance, registry
+from pq2verify import cli, golden, golden_cli, golden_model, outputs, provenance
 
 pytestmark = [pytest.mark.golden]
 
@@ -367,14 +367,3 @@ def test_a_capture_of_the_other_kind_is_refused(capture, tmp_path, capsys, no_wo
     assert rc == 2 and "holds a capture of cases, not of the model" in err, out + err
     rc, out, err = _cli(capsys, "capture", "--model", "--dir", str(_foreign(tmp_path)))
     assert rc == 2 and "its model/ must be that backend's" in err, out + err
-
-
-def test_recapturing_a_path_keeps_the_manifests_case_order(tmp_path, capsys):
-    # a capture of two paths, then one of them again with the same bits: only provenance may move
-    d = tmp_path / KEY
-    assert _cli(capsys, "capture", "--paths", "single,native", "--dir", str(d))[0] == 0
-    first = [e["id"] for e in json.loads((d / "manifest.json").read_text())["cases"]]
-    paths_in_order = list(dict.fromkeys(i.split(":")[0] for i in first))
-    assert paths_in_order == [p for p in registry.BY_NAME if p in ("single", "native")], paths_in_order
-    assert _cli(capsys, "capture", "--paths", "native", "--dir", str(d))[0] == 0
-    assert [e["id"] for e in json.loads((d / "manifest.json").read_text())["cases"]] == first

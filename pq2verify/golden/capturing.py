@@ -165,9 +165,7 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
         man["weights"][wkey] = meta
         if meta["stored"]:
             xs[wkey] = data
-    # registry order, each path's cases in profile order: recapturing a path writes the same list
-    rank = {name: i for i, name in enumerate(registry.BY_NAME)}
-    man["cases"] = sorted(keep + new, key=lambda e: rank.get(e["path"], len(rank)))
+    man["cases"] = keep + new
     for name in names:
         if name in ys:
             man["files"][f"{name}.safetensors"] = _save_tensors(dest, f"{name}.safetensors", ys[name])
