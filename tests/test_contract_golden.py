@@ -367,3 +367,21 @@ def test_a_capture_of_the_other_kind_is_refused(capture, tmp_path, capsys, no_wo
     assert rc == 2 and "holds a capture of cases, not of the model" in err, out + err
     rc, out, err = _cli(capsys, "capture", "--model", "--dir", str(_foreign(tmp_path)))
     assert rc == 2 and "its model/ must be that backend's" in err, out + err
+
+
+def test_recapturing_a_path_keeps_the_manifests_case_order(tmp_path, capsys):
+    # a capture of two paths, then the first again with the same bits: the case list stays, and
+    # a path new to the capture comes after the kept ones
+    d = tmp_path / KEY
+
+    def ids():
+        return [e["id"] for e in json.loads((d / "manifest.json").read_text())["cases"]]
+    assert _cli(capsys, "capture", "--paths", "single,native", "--dir", str(d))[0] == 0
+    first = ids()
+    assert {i.split(":")[0] for i in first} == {"single", "native"}
+    head = first[0].split(":")[0]
+    assert _cli(capsys, "capture", "--paths", head, "--dir", str(d))[0] == 0
+    assert ids() == first
+    assert _cli(capsys, "capture", "--paths", "int_gemv", "--dir", str(d))[0] == 0
+    now = ids()
+    assert now[:len(first)] == first and {i.split(":")[0] for i in now[len(first):]} == {"int_gemv"}

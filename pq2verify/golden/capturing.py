@@ -110,6 +110,22 @@ def _provenance(device) -> dict:
     return keep
 
 
+def _merged(old: list, names: set, new: list) -> list:
+    """The manifest's case list: a recaptured path's new cases where its old ones stood, the
+    other paths' cases kept in place, paths new to the capture appended in capture order; so
+    recapturing a path with the same bits writes the same list."""
+    by_path, out, placed = {}, [], set()
+    for e in new:
+        by_path.setdefault(e["path"], []).append(e)
+    for e in old:
+        if e["path"] not in names:
+            out.append(e)
+        elif e["path"] not in placed:
+            placed.add(e["path"])
+            out.extend(by_path.get(e["path"], []))
+    return out + [e for e in new if e["path"] not in placed]
+
+
 def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=print) -> dict:
     """Run each case, check its numerics (and that a rerun gives the same bytes), and write the
     captures into dest, replacing the captured paths' earlier cases and keeping the others'."""
@@ -124,7 +140,6 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
     xs = _load_tensors(dest, INPUTS) if old else {}
     if old:
         _upgrade(man, xs)                      # the kept cases of a format-1 capture, as format 2
-    keep = [e for e in man["cases"] if e["path"] not in names]
     key = backend.golden_key()
     prov = _provenance(device)
     weights, ys, new, refused = {}, {}, [], []
@@ -165,7 +180,7 @@ def capture(dest: Path, todo: list[checks.Case], device, *, force=False, log=pri
         man["weights"][wkey] = meta
         if meta["stored"]:
             xs[wkey] = data
-    man["cases"] = keep + new
+    man["cases"] = _merged(man["cases"], names, new)
     for name in names:
         if name in ys:
             man["files"][f"{name}.safetensors"] = _save_tensors(dest, f"{name}.safetensors", ys[name])
